@@ -1,0 +1,32 @@
+# kvcs developer commands. Every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,zstd]'
+	-$(PY) -m pip install -q -e '.[interop]' || echo "moq-ffi not installable here: interop tests will be skipped"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m kvcs.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check kvcs tests examples bench
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check kvcs tests examples bench
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis bench-results.json
