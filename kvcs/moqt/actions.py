@@ -76,4 +76,6 @@ class CloseSession:
     reason: str
 
 
-Action = SendStreamData | SetStreamPriority | ResetStream | StopSending | SendDatagram | CloseSession
+Action = (
+    SendStreamData | SetStreamPriority | ResetStream | StopSending | SendDatagram | CloseSession
+)

@@ -1,0 +1,249 @@
+"""Events the sans-IO MOQT session reports to its application.
+
+The application (publisher, consumer, relay) drains :meth:`Session.next_event` after
+feeding input and reacts by calling session methods (answering requests, sending objects).
+Events are small frozen dataclasses; payloads are zero-copy views of received bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .wire import (
+    EndOfRange,
+    Fetch,
+    FetchOk,
+    Location,
+    ObjectRecord,
+    Parameters,
+    Publish,
+    PublishDone,
+    PublishNamespace,
+    PublishStateNotify,
+    RequestError,
+    RequestOk,
+    SetupOptions,
+    Subscribe,
+    SubscribeNamespace,
+    SubscribeOk,
+    SubscribeTracks,
+    TrackStatus,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEstablished:
+    """The peer's SETUP arrived; ``options`` are its Setup Options."""
+
+    options: SetupOptions
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed:
+    """The session ended (by us, by the peer, or because the connection was lost)."""
+
+    code: int
+    reason: str
+    by_peer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GoAwayReceived:
+    """The peer asked us to migrate (control stream: whole session; else one request)."""
+
+    new_session_uri: bytes
+    timeout_ms: int
+    request_id: int | None = None
+
+
+# -- requests from the peer (we are the responder) ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """The peer started a request; answer it with the matching session method.
+
+    ``message`` is one of Subscribe, Fetch, TrackStatus, PublishNamespace,
+    SubscribeNamespace, SubscribeTracks or Publish.
+    """
+
+    request_id: int
+    message: (
+        Subscribe
+        | Fetch
+        | TrackStatus
+        | PublishNamespace
+        | SubscribeNamespace
+        | SubscribeTracks
+        | Publish
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReceived:
+    """REQUEST_UPDATE ``update_id`` for the request ``request_id``; answer it once."""
+
+    request_id: int
+    update_id: int
+    params: Parameters
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancelled:
+    """The peer cancelled request ``request_id`` (stream reset / STOP_SENDING) or ended it."""
+
+    request_id: int
+    code: int | None
+
+
+# -- answers to our requests ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeAccepted:
+    """SUBSCRIBE_OK for our SUBSCRIBE ``request_id``."""
+
+    request_id: int
+    message: SubscribeOk
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAccepted:
+    """FETCH_OK for our FETCH ``request_id``."""
+
+    request_id: int
+    message: FetchOk
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAccepted:
+    """REQUEST_OK for our request (``update_id`` set when it answers a REQUEST_UPDATE)."""
+
+    request_id: int
+    message: RequestOk
+    update_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRejected:
+    """REQUEST_ERROR for our request (``update_id`` set when it answers a REQUEST_UPDATE)."""
+
+    request_id: int
+    message: RequestError
+    update_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStateNotified:
+    """PUBLISH_STATE_NOTIFY on subscription ``request_id``."""
+
+    request_id: int
+    message: PublishStateNotify
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceAnnounced:
+    """NAMESPACE on our SUBSCRIBE_NAMESPACE: ``namespace`` = prefix + suffix."""
+
+    request_id: int
+    namespace: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceWithdrawn:
+    """NAMESPACE_DONE on our SUBSCRIBE_NAMESPACE (or the stream ended)."""
+
+    request_id: int
+    namespace: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSkippedReceived:
+    """PUBLISH_SKIPPED on our SUBSCRIBE_TRACKS."""
+
+    request_id: int
+    namespace: tuple[bytes, ...]
+    name: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionEnded:
+    """PUBLISH_DONE arrived and all the streams it counted have ended."""
+
+    request_id: int
+    message: PublishDone
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Our request's stream ended or was reset without the response the draft requires."""
+
+    request_id: int
+    code: int | None
+    reason: str
+
+
+# -- data -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectReceived:
+    """One complete object for request ``request_id`` (subscription or fetch).
+
+    ``fill_id`` is the Request ID in the FETCH_HEADER of a fill stream (the SUBSCRIBE's or a
+    REQUEST_UPDATE's); None for subscription-delivered objects and plain fetch objects.
+    """
+
+    request_id: int
+    record: ObjectRecord
+    stream_id: int
+    fill_id: int | None = None
+
+    @property
+    def location(self) -> Location:
+        """The object's Location."""
+        return Location(self.record.group_id, self.record.object_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RangeMarkerReceived:
+    """An End of Range record on a fetch or fill stream."""
+
+    request_id: int
+    marker: EndOfRange
+    stream_id: int
+    fill_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataStreamEnded:
+    """A data stream of ``request_id`` ended: ``reset_code`` None means a clean FIN."""
+
+    request_id: int
+    stream_id: int
+    kind: str
+    reset_code: int | None
+    fill_id: int | None = None
+
+
+Event = (
+    SessionEstablished
+    | SessionClosed
+    | GoAwayReceived
+    | RequestReceived
+    | UpdateReceived
+    | RequestCancelled
+    | SubscribeAccepted
+    | FetchAccepted
+    | RequestAccepted
+    | RequestRejected
+    | PublishStateNotified
+    | NamespaceAnnounced
+    | NamespaceWithdrawn
+    | PublishSkippedReceived
+    | SubscriptionEnded
+    | RequestFailed
+    | ObjectReceived
+    | RangeMarkerReceived
+    | DataStreamEnded
+)

@@ -1,0 +1,559 @@
+"""Serving tracks to one session: SUBSCRIBE (live + fill), FETCH and TRACK_STATUS (sans-IO).
+
+A :class:`TrackServer` is bound to one :class:`~kvcs.moqt.session.Session`. The
+application (a publisher endpoint or the relay) decides *which* :class:`Track` answers a
+request and calls :meth:`TrackServer.serve_subscribe`, :meth:`serve_fetch` or
+:meth:`serve_track_status`; from then on the server
+
+* answers with SUBSCRIBE_OK / FETCH_OK / REQUEST_OK (LARGEST_OBJECT, Track Properties),
+* evaluates LOCATION_FILTER and Range Filters (OBJECTID, SUBGROUP, PRIORITY,
+  OBJECT_PROPERTY) with the draft-22 rules, honours FORWARD and priorities,
+* forwards every new object of the track to each live subscription on a subgroup stream
+  per (group, subgroup), in object order, finishing streams at End of Group / End of Track,
+* delivers fills (FILL_PARAMETERS, in SUBSCRIBE or REQUEST_UPDATE) and fetches from the
+  track through a cursor that pauses at objects whose status is not yet known (a relay
+  still filling from upstream) and resumes as they arrive,
+* ends subscriptions with PUBLISH_DONE (correct stream count) when the track ends.
+
+Payload bytes are written as the views stored in the track: no copies per subscriber.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from . import events as ev
+from .errors import PublishDoneCode, RequestErrorCode, StreamResetCode
+from .session import Session
+from .track import CachedObject, Track
+from .wire import (
+    MAX_VI64,
+    Fetch,
+    GroupOrder,
+    Location,
+    LocationFilter,
+    ObjectStatus,
+    Parameters,
+    RangeFilter,
+    Subscribe,
+    TrackStatus,
+    prop_get,
+)
+
+log = logging.getLogger(__name__)
+
+SUBGROUP_FILTER = 0x25
+OBJECTID_FILTER = 0x26
+PRIORITY_FILTER = 0x27
+OBJECT_PROPERTY_FILTER = 0x28
+TRACK_PROPERTY_FILTER = 0x29
+_END = Location(MAX_VI64, MAX_VI64)
+
+
+class FilterError(ValueError):
+    """A request's filters cannot be honoured (REQUEST_ERROR ``code``)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def check_range_filters(filters: tuple[RangeFilter, ...], max_ranges: int) -> None:
+    """Validate Range Filters against our MAX_FILTER_RANGES; raises FilterError."""
+    seen: set[tuple[int, int, int | None]] = set()
+    total = 0
+    for f in filters:
+        key = (f.param_type, f.set_id, f.property_type)
+        if key in seen:
+            raise FilterError(RequestErrorCode.INVALID_FILTER, "duplicate range filter")
+        seen.add(key)
+        if f.param_type == TRACK_PROPERTY_FILTER:
+            raise FilterError(RequestErrorCode.INVALID_FILTER, "TRACK_PROPERTY_FILTER here")
+        if f.param_type == OBJECT_PROPERTY_FILTER and (f.property_type or 0) % 2:
+            raise FilterError(RequestErrorCode.INVALID_FILTER, "odd property type in filter")
+        if f.param_type == PRIORITY_FILTER and any(
+            (e if e is not None else s) > 255 for s, e in f.ranges
+        ):
+            raise FilterError(RequestErrorCode.INVALID_FILTER, "priority range above 255")
+        total += len(f.ranges)
+    if total > max_ranges:
+        raise FilterError(RequestErrorCode.INVALID_FILTER,
+                          f"{total} filter ranges, limit {max_ranges}")
+
+
+def _in_ranges(value: int, ranges: tuple[tuple[int, int | None], ...]) -> bool:
+    return any(value >= lo and (hi is None or value <= hi) for lo, hi in ranges)
+
+
+def passes_range_filters(obj: CachedObject, filters: tuple[RangeFilter, ...]) -> bool:
+    """OR over Set IDs of the AND of that set's filters (digest 6.3)."""
+    if not filters:
+        return True
+    sets: dict[int, bool] = {}
+    for f in filters:
+        if f.remove:
+            continue
+        if f.param_type == OBJECTID_FILTER:
+            ok = _in_ranges(obj.object_id, f.ranges)
+        elif f.param_type == SUBGROUP_FILTER:
+            ok = _in_ranges(obj.subgroup_id, f.ranges)
+        elif f.param_type == PRIORITY_FILTER:
+            ok = _in_ranges(obj.publisher_priority, f.ranges)
+        elif f.param_type == OBJECT_PROPERTY_FILTER:
+            v = prop_get(obj.properties, f.property_type or 0, None)
+            ok = isinstance(v, int) and _in_ranges(v, f.ranges)
+        else:
+            ok = True
+        sets[f.set_id] = sets.get(f.set_id, True) and ok
+    return not sets or any(sets.values())
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Delivery of a Location range from a track on one fetch or fill stream."""
+
+    request_id: int
+    stream_id: int
+    track: Track
+    start: Location
+    end: Location
+    descending: bool
+    filters: tuple[RangeFilter, ...]
+    fill_id: int | None
+    group: int
+    obj: int
+    done: bool = False
+    groups: list[int] | None = None  # descending: remaining groups
+
+
+@dataclass(slots=True)
+class _Subscription:
+    request_id: int
+    track: Track
+    alias: int
+    start: Location
+    end: Location | None
+    forward: bool
+    filters: tuple[RangeFilter, ...]
+    streams: dict[tuple[int, int], int] = field(default_factory=dict)
+    cursors: list[_Cursor] = field(default_factory=list)
+    ended: bool = False  # track ended: PUBLISH_DONE once fills are done
+    done: bool = False
+
+
+class TrackServer:
+    """Serves tracks on one session; see the module docstring."""
+
+    def __init__(self, session: Session, max_filter_ranges: int | None = None) -> None:
+        self.session = session
+        self.max_filter_ranges = (session.config.max_filter_ranges
+                                  if max_filter_ranges is None else max_filter_ranges)
+        self._subs: dict[int, _Subscription] = {}
+        self._fetches: dict[int, _Cursor] = {}
+        self._watched: dict[int, Track] = {}  # id(track) -> track with our listener
+        self.objects_sent = 0
+        self.bytes_sent = 0
+
+    # ------------------------------------------------------------- requests
+
+    def serve_subscribe(self, request_id: int, msg: Subscribe, track: Track) -> bool:
+        """Answer a SUBSCRIBE from ``track``; returns False if it was rejected."""
+        p = msg.params
+        try:
+            check_range_filters(p.range_filters, self.max_filter_ranges)
+            if p.fill is not None:
+                check_range_filters(p.fill.range_filters, self.max_filter_ranges)
+        except FilterError as exc:
+            self.session.request_error(request_id, exc.code, str(exc))
+            return False
+        lf = p.location_filter or LocationFilter.none()
+        if lf.type == 0x04 and lf.end_group_delta == 0 and lf.end_object < lf.start_object:
+            self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
+                                       "end before start")
+            return False
+        start, end = lf.bounds(track.largest)
+        if end is not None and end < start:
+            self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
+                                       "empty subscription range")
+            return False
+        forward = p.forward != 0
+        ok_params = Parameters(largest_object=track.largest)
+        include = p.include_properties != 0
+        alias = self.session.subscribe_ok(request_id, ok_params,
+                                          track.properties if include else ())
+        sub = _Subscription(request_id, track, alias, start, end, forward, p.range_filters)
+        self._subs[request_id] = sub
+        self._watch(track)
+        if p.fill is not None and forward:
+            self._start_fill(sub, p.fill, lf, request_id)
+        if track.complete or (track.end_of_track is not None and (
+                track.largest is not None and track.largest >= track.end_of_track)):
+            self._track_ended(sub)
+        return True
+
+    def serve_fetch(self, request_id: int, msg: Fetch, track: Track) -> bool:
+        """Answer a FETCH from ``track``; returns False if it was rejected."""
+        p = msg.params
+        try:
+            check_range_filters(p.range_filters, self.max_filter_ranges)
+        except FilterError as exc:
+            self.session.request_error(request_id, exc.code, str(exc))
+            return False
+        lf = p.location_filter
+        if lf is not None and lf.type == 0x05:
+            self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
+                                       "Next Object filter in FETCH")
+            return False
+        if lf is not None and lf.type == 0x04 and lf.end_group_delta == 0 \
+                and lf.end_object < lf.start_object:
+            self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
+                                       "end before start")
+            return False
+        rng = self._fetch_range(lf, track)
+        if rng is None:
+            self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
+                                       "range starts after the Largest Object")
+            return False
+        start, end = rng
+        end_of_track = track.end_of_track is not None and end >= track.end_of_track
+        report_end = self._report_end(track, end)
+        self.session.fetch_ok(request_id, report_end, end_of_track,
+                              track.properties if p.include_properties != 0 else ())
+        descending = p.group_order == GroupOrder.DESCENDING
+        sid = self.session.open_fetch_stream(request_id, None,
+                                             track.default_priority, start.group)
+        cur = self._cursor(request_id, sid, track, start, end, descending, p.range_filters,
+                           None)
+        self._fetches[request_id] = cur
+        self._watch(track)
+        self._pump(cur)
+        return True
+
+    def serve_track_status(self, request_id: int, msg: TrackStatus, track: Track) -> None:
+        """Answer TRACK_STATUS with LARGEST_OBJECT and the Track Properties."""
+        include = msg.params.include_properties != 0
+        self.session.request_ok(request_id, Parameters(largest_object=track.largest),
+                                track.properties if include else ())
+
+    def handle(self, event: ev.Event) -> bool:
+        """Handle session events about requests this server serves; True if consumed."""
+        if isinstance(event, ev.UpdateReceived):
+            sub = self._subs.get(event.request_id)
+            if sub is not None:
+                self._update(sub, event)
+                return True
+            if event.request_id in self._fetches:
+                self.session.request_ok(event.request_id, update_id=event.update_id)
+                return True
+            return False
+        if isinstance(event, ev.RequestCancelled):
+            sub = self._subs.pop(event.request_id, None)
+            if sub is not None:
+                sub.done = True
+                for cur in sub.cursors:
+                    cur.done = True
+                self._unwatch_if_idle(sub.track)
+                return True
+            cur = self._fetches.pop(event.request_id, None)
+            if cur is not None:
+                cur.done = True
+                self.session.reset_data_stream(cur.stream_id, StreamResetCode.CANCELLED)
+                self._unwatch_if_idle(cur.track)
+                return True
+        return False
+
+    def end_subscription(self, request_id: int, status: int, reason: str = "") -> None:
+        """End a served subscription now (PUBLISH_DONE), e.g. upstream went away."""
+        sub = self._subs.pop(request_id, None)
+        if sub is None:
+            return
+        sub.done = True
+        for cur in sub.cursors:
+            if not cur.done:
+                cur.done = True
+                self.session.reset_data_stream(cur.stream_id, StreamResetCode.INTERNAL_ERROR)
+        self.session.publish_done(request_id, status, reason)
+        self._unwatch_if_idle(sub.track)
+
+    def fail_fetch(self, request_id: int, code: int = StreamResetCode.INTERNAL_ERROR) -> None:
+        """Abort a fetch in progress (reset its data stream)."""
+        cur = self._fetches.pop(request_id, None)
+        if cur is not None and not cur.done:
+            cur.done = True
+            self.session.reset_data_stream(cur.stream_id, code)
+            self._unwatch_if_idle(cur.track)
+
+    def close(self) -> None:
+        """Forget everything (the session is gone)."""
+        for track in list(self._watched.values()):
+            if self._on_track in track.listeners:
+                track.listeners.remove(self._on_track)
+        self._watched.clear()
+        self._subs.clear()
+        self._fetches.clear()
+
+    @property
+    def active(self) -> int:
+        """Number of live subscriptions and fetches being served."""
+        return len(self._subs) + len(self._fetches)
+
+    def pending_fetches(self) -> int:
+        """Fetches still delivering."""
+        return sum(1 for c in self._fetches.values() if not c.done)
+
+    # ------------------------------------------------------------- ranges
+
+    @staticmethod
+    def _fetch_range(lf: LocationFilter | None, track: Track) -> tuple[Location, Location] | None:
+        largest = track.largest
+        if largest is None:
+            return None
+        start, end = (lf or LocationFilter.none()).bounds(largest)
+        if end is None or end > largest:
+            end = largest
+        if start > largest or end < start:
+            return None
+        return start, end
+
+    @staticmethod
+    def _report_end(track: Track, end: Location) -> Location:
+        if end.object == MAX_VI64:
+            # through the end of a group: report the last object known in it
+            last = None
+            for obj in track.objects(Location(end.group, 0), end):
+                last = obj
+            if last is not None:
+                return last.location
+            return Location(end.group, 0)
+        return end
+
+    def _cursor(self, rid: int, sid: int, track: Track, start: Location, end: Location,
+                descending: bool, filters: tuple[RangeFilter, ...],
+                fill_id: int | None) -> _Cursor:
+        cur = _Cursor(rid, sid, track, start, end, descending, filters, fill_id,
+                      start.group, start.object)
+        if descending:
+            cur.groups = [g for g in track.group_ids() if start.group <= g <= end.group]
+            cur.groups.reverse()
+            if cur.groups:
+                cur.group = cur.groups.pop(0)
+                cur.obj = start.object if cur.group == start.group else 0
+        return cur
+
+    def _start_fill(self, sub: _Subscription, fill: Parameters, sub_filter: LocationFilter,
+                    fill_id: int) -> None:
+        track = sub.track
+        lf = fill.location_filter if fill.location_filter is not None else sub_filter
+        rng = self._fetch_range(lf, track)
+        if rng is None:
+            return  # empty fill: no stream
+        start, end = rng
+        descending = fill.group_order == GroupOrder.DESCENDING
+        filters = fill.range_filters or sub.filters
+        sid = self.session.open_fetch_stream(sub.request_id, fill_id, track.default_priority,
+                                             start.group)
+        cur = self._cursor(sub.request_id, sid, track, start, end, descending, filters,
+                           fill_id)
+        sub.cursors.append(cur)
+        self._pump(cur)
+
+    # ------------------------------------------------------------- updates
+
+    def _update(self, sub: _Subscription, event: ev.UpdateReceived) -> None:
+        p = event.params
+        try:
+            if p.range_filters:
+                check_range_filters(p.range_filters, self.max_filter_ranges)
+            if p.fill is not None:
+                check_range_filters(p.fill.range_filters, self.max_filter_ranges)
+        except FilterError as exc:
+            self.session.request_error(sub.request_id, exc.code, str(exc),
+                                       update_id=event.update_id)
+            self.end_subscription(sub.request_id, PublishDoneCode.UPDATE_FAILED, str(exc))
+            return
+        if p.forward is not None:
+            sub.forward = p.forward == 1
+        if p.location_filter is not None:
+            sub.start, sub.end = p.location_filter.bounds(sub.track.largest)
+        if p.range_filters:
+            sub.filters = tuple(f for f in p.range_filters if not f.remove)
+        self.session.request_ok(sub.request_id, Parameters(largest_object=sub.track.largest),
+                                update_id=event.update_id)
+        if p.fill is not None and sub.forward:
+            lf = p.location_filter or LocationFilter.none()
+            self._start_fill(sub, p.fill, lf, event.update_id)
+
+    # ------------------------------------------------------------- track events
+
+    def _watch(self, track: Track) -> None:
+        if id(track) not in self._watched:
+            self._watched[id(track)] = track
+            track.listeners.append(self._on_track)
+        track.touch()
+
+    def _unwatch_if_idle(self, track: Track) -> None:
+        if any(s.track is track for s in self._subs.values()) or any(
+            c.track is track for c in self._fetches.values()
+        ):
+            return
+        self._watched.pop(id(track), None)
+        if self._on_track in track.listeners:
+            track.listeners.remove(self._on_track)
+
+    def _on_track(self, track: Track, what: str, obj: CachedObject | None) -> None:
+        if self.session.is_closed:
+            return
+        subs = [s for s in self._subs.values() if s.track is track]
+        if what == "object":
+            assert obj is not None
+            for sub in subs:
+                self._forward(sub, obj)
+        elif what == "subgroup_closed":
+            assert obj is not None
+            for sub in subs:
+                sid = sub.streams.pop((obj.group_id, obj.subgroup_id), None)
+                if sid is not None:
+                    self.session.end_data_stream(sid)
+        elif what == "group_closed":
+            assert obj is not None
+            for sub in subs:
+                for key in [k for k in sub.streams if k[0] == obj.group_id]:
+                    self.session.end_data_stream(sub.streams.pop(key))
+        elif what == "ended":
+            for sub in subs:
+                self._track_ended(sub)
+        elif what == "gone":
+            for sub in subs:
+                self.end_subscription(sub.request_id, PublishDoneCode.EXPIRED, "track evicted")
+            for rid, cur in list(self._fetches.items()):
+                if cur.track is track:
+                    self.fail_fetch(rid)
+            return
+        # any change can unblock cursors
+        for sub in subs:
+            for cur in sub.cursors:
+                if not cur.done:
+                    self._pump(cur)
+            self._maybe_done(sub)
+        for cur in list(self._fetches.values()):
+            if cur.track is track and not cur.done:
+                self._pump(cur)
+
+    def _forward(self, sub: _Subscription, obj: CachedObject) -> None:
+        if sub.done or not sub.forward:
+            return
+        loc = obj.location
+        if loc < sub.start or (sub.end is not None and loc > sub.end):
+            return
+        if obj.status == ObjectStatus.NORMAL and not passes_range_filters(obj, sub.filters):
+            return
+        s = self.session
+        key = (obj.group_id, obj.subgroup_id)
+        sid = sub.streams.get(key)
+        if sid is not None and not s.data_stream_open(sid):
+            sid = None
+        if sid is None:
+            default = sub.track.default_priority
+            prio = None if obj.publisher_priority == default else obj.publisher_priority
+            sid = s.open_subgroup(sub.request_id, obj.group_id, obj.subgroup_id, prio,
+                                  default_priority=default, has_properties=True)
+            sub.streams[key] = sid
+        end = obj.status != ObjectStatus.NORMAL
+        s.write_object(sid, obj.object_id, obj.payload, obj.status, obj.properties, end=end)
+        self.objects_sent += 1
+        self.bytes_sent += len(obj.payload)
+        if end:
+            sub.streams.pop(key, None)
+        if obj.status == ObjectStatus.END_OF_TRACK:
+            self._track_ended(sub)
+
+    def _track_ended(self, sub: _Subscription) -> None:
+        sub.ended = True
+        self._maybe_done(sub)
+
+    def _maybe_done(self, sub: _Subscription) -> None:
+        if sub.done or not sub.ended:
+            return
+        if any(not c.done for c in sub.cursors):
+            return
+        sub.done = True
+        self._subs.pop(sub.request_id, None)
+        self.session.publish_done(sub.request_id, PublishDoneCode.TRACK_ENDED, "")
+        self._unwatch_if_idle(sub.track)
+
+    # ------------------------------------------------------------- cursors
+
+    def _pump(self, cur: _Cursor) -> None:
+        """Send what the track can give in order; stop where status is unknown."""
+        if cur.done:
+            return
+        s = self.session
+        track = cur.track
+        end = cur.end
+        while True:
+            g = cur.group
+            if (not cur.descending and g > end.group) or (cur.descending and g < cur.start.group):
+                break
+            hi = Location(g, end.object if g == end.group else MAX_VI64)
+            lo = Location(g, cur.obj)
+            for obj in track.objects(lo, hi):
+                if obj.object_id != cur.obj and not self._gap_known(track, g, cur.obj):
+                    return  # wait for the missing object
+                cur.obj = obj.object_id + 1
+                if obj.status != ObjectStatus.NORMAL:
+                    continue  # fetch streams carry no status objects
+                if not passes_range_filters(obj, cur.filters):
+                    continue
+                if not s.write_fetch_object(cur.stream_id, obj.group_id, obj.subgroup_id,
+                                            obj.object_id, obj.publisher_priority,
+                                            obj.payload, obj.properties or None):
+                    cur.done = True
+                    self._cursor_finished(cur)
+                    return
+                self.objects_sent += 1
+                self.bytes_sent += len(obj.payload)
+            if g == end.group and cur.obj > end.object:
+                break
+            if not self._gap_known(track, g, cur.obj):
+                return  # the rest of this group is not known yet
+            # move to the next group
+            if cur.descending:
+                assert cur.groups is not None
+                if not cur.groups:
+                    break
+                cur.group = cur.groups.pop(0)
+                cur.obj = 0
+                continue
+            nxt = next((x for x in track.group_ids() if x > g), None)
+            if nxt is None or nxt > end.group:
+                if track.complete or (track.settled_until is not None
+                                      and track.settled_until.group >= end.group) \
+                        or (track.end_of_track is not None
+                            and track.end_of_track.group <= g):
+                    break
+                if g >= end.group:
+                    break
+                return
+            if nxt != g + 1 and not (track.complete or (
+                    track.settled_until is not None and track.settled_until.group >= nxt)):
+                return
+            cur.group = nxt
+            cur.obj = 0
+        cur.done = True
+        s.end_data_stream(cur.stream_id)
+        self._cursor_finished(cur)
+
+    @staticmethod
+    def _gap_known(track: Track, group: int, obj: int) -> bool:
+        """True if object ``obj`` of ``group`` is known (present or absent)."""
+        return track.is_settled(Location(group, obj)) or track.group_closed(group)
+
+    def _cursor_finished(self, cur: _Cursor) -> None:
+        if cur.fill_id is None:
+            self._fetches.pop(cur.request_id, None)
+            self._unwatch_if_idle(cur.track)
+        else:
+            sub = self._subs.get(cur.request_id)
+            if sub is not None:
+                self._maybe_done(sub)

@@ -1,0 +1,304 @@
+"""Tracks as stored by a publisher or cached by a relay (sans-IO).
+
+A :class:`Track` keeps the objects of one Full Track Name by Location with everything a
+relay must preserve (subgroup, priority, status, properties, payload bytes as received),
+its Track Properties, the Largest Object, and what is known about group and track ends.
+It tells listeners (the serving logic of each session) about every new object, so the
+same object bytes are forwarded to every subscriber without copying.
+
+Objects are immutable: a second object at a cached Location with different bytes or
+header fields raises :class:`ImmutabilityError`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .wire import (
+    MAX_VI64,
+    Location,
+    ObjectStatus,
+    Properties,
+    TrackNamespace,
+    prop_get,
+)
+from .wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
+
+FullTrackName = tuple[TrackNamespace, bytes]
+
+
+class ImmutabilityError(ValueError):
+    """A different object arrived at a Location that already holds one."""
+
+
+@dataclass(slots=True)
+class CachedObject:
+    """One object with the header fields a relay must keep."""
+
+    group_id: int
+    object_id: int
+    subgroup_id: int
+    publisher_priority: int
+    status: int
+    properties: Properties
+    payload: bytes | memoryview
+    arrived: float = 0.0
+
+    @property
+    def location(self) -> Location:
+        """The object's Location."""
+        return Location(self.group_id, self.object_id)
+
+    def same_as(self, other: CachedObject) -> bool:
+        """True if ``other`` carries identical header fields and payload bytes."""
+        return (
+            self.subgroup_id == other.subgroup_id
+            and self.publisher_priority == other.publisher_priority
+            and self.status == other.status
+            and tuple(self.properties) == tuple(other.properties)
+            and bytes(self.payload) == bytes(other.payload)
+        )
+
+
+TrackListener = Callable[["Track", str, CachedObject | None], None]
+"""Called as listener(track, what, obj): what is "object", "group_closed", "subgroup_closed"
+(obj carries group/subgroup), "ended" (End of Track known) or "gone" (track dropped)."""
+
+
+@dataclass(slots=True)
+class _Group:
+    ids: list[int] = field(default_factory=list)  # sorted object ids present
+    objects: dict[int, CachedObject] = field(default_factory=dict)
+    end: int | None = None  # no object id >= end exists (from End of Group / track end)
+    closed: bool = False  # every object of the group is known (cached or absent)
+
+
+class Track:
+    """Objects of one track by Location, plus Largest Object and end knowledge."""
+
+    def __init__(self, namespace: TrackNamespace, name: bytes,
+                 properties: Properties = (), clock: Callable[[], float] = time.monotonic,
+                 origin: bool = False):
+        self.namespace: TrackNamespace = tuple(namespace)
+        self.name = bytes(name)
+        self.properties: Properties = tuple(properties)
+        self._groups: dict[int, _Group] = {}
+        self._group_ids: list[int] = []
+        self.largest: Location | None = None
+        self.end_of_track: Location | None = None  # Location of the End of Track status
+        self.complete = False  # every object of the track is known (ended and filled)
+        self.settled_until: Location | None = None  # every Location <= this is known
+        self.bytes = 0
+        self.count = 0
+        self.listeners: list[TrackListener] = []
+        self.origin = origin
+        """An origin track (held by its original publisher): every Location up to the
+        Largest Object is known, since objects are added in order by their producer."""
+        self._clock = clock
+        self.last_used = clock()
+        self.created = self.last_used
+        self._newest = self.last_used
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def full_name(self) -> FullTrackName:
+        """(namespace, name)."""
+        return (self.namespace, self.name)
+
+    @property
+    def default_priority(self) -> int:
+        """DEFAULT_PUBLISHER_PRIORITY of the track (128 if absent)."""
+        v = prop_get(self.properties, DEFAULT_PUBLISHER_PRIORITY, 128)
+        return int(v) if isinstance(v, int) else 128
+
+    @property
+    def max_cache_duration_ms(self) -> int | None:
+        """MAX_CACHE_DURATION in milliseconds, or None."""
+        v = prop_get(self.properties, MAX_CACHE_DURATION, None)
+        return int(v) if isinstance(v, int) else None
+
+    # ---------------------------------------------------------------- writing
+
+    def add(self, obj: CachedObject) -> bool:
+        """Store an object; returns False for an identical duplicate.
+
+        Raises :class:`ImmutabilityError` for a different object at the same Location.
+        Listeners are told about new objects.
+        """
+        g = self._groups.get(obj.group_id)
+        if g is None:
+            g = self._groups[obj.group_id] = _Group()
+            bisect.insort(self._group_ids, obj.group_id)
+        old = g.objects.get(obj.object_id)
+        if old is not None:
+            if old.same_as(obj):
+                return False
+            raise ImmutabilityError(
+                f"different object at {obj.group_id}/{obj.object_id} of {self.name!r}")
+        if g.end is not None and obj.object_id >= g.end and obj.status == ObjectStatus.NORMAL:
+            raise ImmutabilityError(f"object {obj.group_id}/{obj.object_id} after End of Group")
+        if (self.end_of_track is not None and obj.location > self.end_of_track
+                and obj.status == ObjectStatus.NORMAL):
+            raise ImmutabilityError(f"object {obj.group_id}/{obj.object_id} after End of Track")
+        if not obj.arrived:
+            obj.arrived = self._clock()
+        self._newest = obj.arrived
+        g.objects[obj.object_id] = obj
+        ids = g.ids
+        if not ids or obj.object_id > ids[-1]:
+            ids.append(obj.object_id)
+        else:
+            bisect.insort(ids, obj.object_id)
+        self.bytes += len(obj.payload)
+        self.count += 1
+        loc = obj.location
+        if obj.status == ObjectStatus.END_OF_GROUP:
+            g.end = obj.object_id
+        elif obj.status == ObjectStatus.END_OF_TRACK:
+            g.end = obj.object_id
+            self.end_of_track = loc
+        if self.largest is None or loc > self.largest:
+            self.largest = loc
+        for listener in list(self.listeners):
+            listener(self, "object", obj)
+        if obj.status == ObjectStatus.END_OF_GROUP and self._contiguous(g):
+            self.close_group(obj.group_id)
+        elif obj.status == ObjectStatus.END_OF_TRACK:
+            self.close_group(obj.group_id)
+            self._mark_ended()
+        return True
+
+    @staticmethod
+    def _contiguous(g: _Group) -> bool:
+        return g.end is not None and len(g.ids) == g.end + 1
+
+    def close_group(self, group_id: int) -> None:
+        """Record that every object of ``group_id`` is known (present or absent)."""
+        g = self._groups.get(group_id)
+        if g is None:
+            g = self._groups[group_id] = _Group()
+            bisect.insort(self._group_ids, group_id)
+        if g.closed:
+            return
+        g.closed = True
+        for listener in list(self.listeners):
+            listener(self, "group_closed", CachedObject(group_id, 0, 0, 0, 0, (), b""))
+
+    def close_subgroup(self, group_id: int, subgroup_id: int) -> None:
+        """Tell listeners that a subgroup ended (its stream finished cleanly)."""
+        for listener in list(self.listeners):
+            listener(self, "subgroup_closed",
+                     CachedObject(group_id, 0, subgroup_id, 0, 0, (), b""))
+
+    def settle(self, until: Location) -> None:
+        """Record that every Location <= ``until`` is known (e.g. a fill finished)."""
+        if self.settled_until is None or until > self.settled_until:
+            self.settled_until = until
+            for gid in self._group_ids:
+                if gid < until.group:
+                    self.close_group(gid)
+            for listener in list(self.listeners):
+                listener(self, "settled", None)
+
+    def _mark_ended(self) -> None:
+        for listener in list(self.listeners):
+            listener(self, "ended", None)
+
+    def finish(self, end: Location | None = None) -> None:
+        """Mark the track complete (all objects known), e.g. after End of Track + fill."""
+        self.complete = True
+        if self.largest is not None:
+            self.settle(self.largest)
+        for gid in list(self._group_ids):
+            self.close_group(gid)
+        if self.end_of_track is None and end is not None:
+            self.end_of_track = end
+        self._mark_ended()
+
+    def drop(self) -> None:
+        """Forget all objects and tell listeners the track is gone."""
+        for listener in list(self.listeners):
+            listener(self, "gone", None)
+        self._groups.clear()
+        self._group_ids.clear()
+        self.bytes = 0
+        self.count = 0
+
+    # ---------------------------------------------------------------- reading
+
+    def get(self, loc: Location) -> CachedObject | None:
+        """The object at ``loc`` or None."""
+        g = self._groups.get(loc.group)
+        return None if g is None else g.objects.get(loc.object)
+
+    def group_ids(self) -> list[int]:
+        """Group IDs present (sorted)."""
+        return list(self._group_ids)
+
+    def group_end(self, group_id: int) -> int | None:
+        """Object ID of the group's end marker, if known."""
+        g = self._groups.get(group_id)
+        return None if g is None else g.end
+
+    def group_closed(self, group_id: int) -> bool:
+        """True if every object of the group is known."""
+        g = self._groups.get(group_id)
+        if g is not None and g.closed:
+            return True
+        if self.complete:
+            return True
+        if self.origin and self.largest is not None and group_id < self.largest.group:
+            return True
+        s = self.settled_until
+        return s is not None and group_id < s.group
+
+    def is_settled(self, loc: Location) -> bool:
+        """True if the presence or absence of the object at ``loc`` is known."""
+        if self.complete or (self.settled_until is not None and loc <= self.settled_until):
+            return True
+        if self.origin and self.largest is not None and loc <= self.largest:
+            return True
+        g = self._groups.get(loc.group)
+        if g is None:
+            return False
+        if loc.object in g.objects or g.closed:
+            return True
+        return g.end is not None and loc.object >= g.end
+
+    def objects(self, start: Location, end: Location | None = None,
+                descending: bool = False) -> Iterator[CachedObject]:
+        """Cached objects in [start, end] (inclusive), groups in the given order."""
+        hi = end if end is not None else Location(MAX_VI64, MAX_VI64)
+        gids = [g for g in self._group_ids if start.group <= g <= hi.group]
+        if descending:
+            gids.reverse()
+        for gid in gids:
+            g = self._groups[gid]
+            lo_o = start.object if gid == start.group else 0
+            hi_o = hi.object if gid == hi.group else MAX_VI64
+            ids = g.ids
+            i = bisect.bisect_left(ids, lo_o)
+            while i < len(ids) and ids[i] <= hi_o:
+                yield g.objects[ids[i]]
+                i += 1
+
+    def touch(self) -> None:
+        """Mark the track as used now (LRU eviction)."""
+        self.last_used = self._clock()
+
+    @property
+    def newest_arrival(self) -> float:
+        """Monotonic time the newest object arrived (creation time if none)."""
+        return self._newest
+
+    def expired(self, now: float | None = None) -> bool:
+        """True once every object is older than MAX_CACHE_DURATION (if set)."""
+        dur = self.max_cache_duration_ms
+        if dur is None:
+            return False
+        now = self._clock() if now is None else now
+        return now - self._newest > dur / 1000.0
