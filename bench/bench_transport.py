@@ -1,0 +1,122 @@
+"""Raw transport ceiling: one unidirectional stream over the kvcs QUIC binding on loopback.
+
+Client and server run in ONE process and ONE event loop (they share a CPU core), through
+:mod:`kvcs.transport` (scheduler included) with a sink session that only counts bytes.
+MOQT benchmarks compare against :func:`raw_stream_throughput` with the same settings.
+
+Run: ``.venv/bin/python -m bench.bench_transport``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+
+from kvcs.moqt.actions import Action, SendStreamData, StreamOpener
+from kvcs.transport import ConnectionInfo, QuicSettings, connect, ensure_dev_certificate, serve
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+SETTINGS: dict[str, QuicSettings] = {
+    "aioquic": QuicSettings.aioquic_defaults(),
+    "default": QuicSettings(),
+    "loopback": QuicSettings.loopback(),
+}
+
+
+class _Sink:
+    """Sans-IO stand-in that counts received stream bytes."""
+
+    def __init__(self, opener: StreamOpener, info: ConnectionInfo) -> None:
+        self.opener = opener
+        self.info = info
+        self.received = 0
+        self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.out: list[Action] = []
+
+    def stream_data(self, stream_id: int, data: bytes, end: bool) -> None:
+        self.received += len(data)
+        if end and not self.done.done():
+            self.done.set_result(time.perf_counter())
+
+    def stream_reset(self, stream_id: int, code: int) -> None:
+        pass
+
+    def stop_sending(self, stream_id: int, code: int) -> None:
+        pass
+
+    def datagram(self, data: bytes) -> None:
+        pass
+
+    def connection_lost(self, code: int | None, reason: str) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"lost: {code} {reason}"))
+            self.done.exception()  # the client-side sink is never awaited
+
+    def actions(self) -> list[Action]:
+        out, self.out = self.out, []
+        return out
+
+
+async def raw_stream_throughput(
+    settings: QuicSettings, total_bytes: int = 256 * MiB, webtransport: bool = False
+) -> float:
+    """Send ``total_bytes`` on one uni stream client->server; return MiB/s (first write to
+    the server seeing FIN)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cert = ensure_dev_certificate(tmp)
+        sinks: list[_Sink] = []
+
+        def factory(opener: StreamOpener, info: ConnectionInfo) -> _Sink:
+            sink = _Sink(opener, info)
+            sinks.append(sink)
+            return sink
+
+        server = await serve(
+            "127.0.0.1", 0, factory, settings, str(cert.certfile), str(cert.keyfile)
+        )
+        try:
+            scheme = "https" if webtransport else "moqt"
+            url = f"{scheme}://127.0.0.1:{server.port}/bench"
+            async with connect(url, factory, settings, pin_sha256=cert.sha256) as conn:
+                client = conn.session
+                assert isinstance(client, _Sink)
+                stream_id = conn.open_stream(unidirectional=True)
+                chunk = bytes(1 * MiB)
+                sent = 0
+                start = time.perf_counter()
+                while sent < total_bytes:
+                    n = min(len(chunk), total_bytes - sent)
+                    sent += n
+                    client.out.append(
+                        SendStreamData(stream_id, memoryview(chunk)[:n], end=sent >= total_bytes)
+                    )
+                    conn.flush()
+                    await conn.drain(4 * MiB)
+                while not sinks or len(sinks) < 2:  # client sink + server sink
+                    await asyncio.sleep(0.001)
+                finished = await asyncio.wait_for(sinks[-1].done, 120)
+                assert sinks[-1].received == total_bytes
+        finally:
+            await server.aclose()
+    return total_bytes / MiB / (finished - start)
+
+
+def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict[str, float]:
+    """Measure raw-QUIC stream throughput for one or all named settings; print and return
+    ``{name: MiB/s}``."""
+    names = [settings_name] if settings_name else list(SETTINGS)
+    results: dict[str, float] = {}
+    for name in names:
+        size = total_bytes if name != "aioquic" else min(total_bytes, 64 * MiB)
+        results[name] = asyncio.run(raw_stream_throughput(SETTINGS[name], size))
+        print(f"raw QUIC uni stream, {name:9s} settings: {results[name]:8.1f} MiB/s")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""QUIC settings of the asyncio/aioquic binding (throughput knobs with measured defaults).
+
+Measured on the project machines (loopback, one unidirectional stream): aioquic with its own
+defaults (1200-byte datagrams, 1 MiB windows, kernel socket buffers) reaches ~24 MiB/s;
+with ``max_datagram_size=16000``, 4 MiB ``SO_SNDBUF``/``SO_RCVBUF`` and a 64 KiB receive
+buffer per ``recvfrom`` it reaches ~320 MiB/s. See ``bench/bench_transport.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from dataclasses import dataclass
+
+from aioquic.quic.configuration import QuicConfiguration
+
+logger = logging.getLogger(__name__)
+
+ALPN_MOQT = "moqt-22"
+ALPN_H3 = "h3"
+
+MiB = 1024 * 1024
+KiB = 1024
+
+#: aioquic encodes some frame lengths assuming a packet fits well below 16 KiB; datagram
+#: sizes above ~16383 break its own framing, so the binding refuses more than this.
+MAX_DATAGRAM_SIZE_LIMIT = 16000
+MIN_DATAGRAM_SIZE = 1200
+
+
+@dataclass(frozen=True, slots=True)
+class QuicSettings:
+    """Transport knobs shared by client and server. All sizes are bytes.
+
+    Defaults suit the internet; use :meth:`loopback` for same-host deployments.
+    """
+
+    max_datagram_size: int = 1350
+    """Largest UDP payload sent (QUIC packet size). 1350 is safe on the internet; loopback
+    deployments set 16000 (the :meth:`loopback` preset). Validated to 1200..16000."""
+
+    max_data: int = 16 * MiB
+    """Connection-level receive flow-control window (aioquic default 1 MiB)."""
+
+    max_stream_data: int = 8 * MiB
+    """Per-stream receive flow-control window (aioquic default 1 MiB)."""
+
+    max_streams_uni: int = 1024
+    """Concurrent peer-initiated unidirectional streams allowed (aioquic hard-codes 128;
+    KVCS opens hundreds of subgroup streams). aioquic raises the limit by one for each
+    finished stream."""
+
+    max_streams_bidi: int = 256
+    """Concurrent peer-initiated bidirectional (request) streams allowed."""
+
+    idle_timeout: float = 30.0
+    """Seconds of silence before the connection is dropped."""
+
+    socket_send_buffer: int | None = 4 * MiB
+    """``SO_SNDBUF`` of the UDP socket; ``None`` keeps the kernel default. Linux caps it at
+    ``net.core.wmem_max`` (and doubles the value internally)."""
+
+    socket_receive_buffer: int | None = 4 * MiB
+    """``SO_RCVBUF`` of the UDP socket; ``None`` keeps the kernel default (``rmem_max`` cap).
+    Too small a buffer drops bursts of large datagrams on loopback."""
+
+    datagram_receive_buffer: int = 64 * KiB
+    """Size passed to each ``recvfrom`` by the asyncio datagram transport (asyncio uses
+    256 KiB; every call allocates that much before shrinking the result). 64 KiB fits any
+    UDP datagram and is cheaper per datagram."""
+
+    max_datagram_frame_size: int = 65536
+    """QUIC DATAGRAM support (RFC 9221), required by MOQT: largest DATAGRAM frame accepted."""
+
+    congestion_control: str = "reno"
+    """aioquic congestion controller: ``"reno"`` or ``"cubic"``."""
+
+    send_watermark: int = 512 * KiB
+    """Send scheduler: stream bytes handed to aioquic but not yet sent are kept below this,
+    the rest waits in per-stream queues so that stream priorities take effect. Large enough
+    to keep the pipe full (see the benchmark), small enough for priorities to matter."""
+
+    def __post_init__(self) -> None:
+        if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_DATAGRAM_SIZE_LIMIT:
+            raise ValueError(
+                f"max_datagram_size must be within {MIN_DATAGRAM_SIZE}.."
+                f"{MAX_DATAGRAM_SIZE_LIMIT}, got {self.max_datagram_size}"
+            )
+        for name in ("max_data", "max_stream_data", "max_streams_uni", "max_streams_bidi"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.datagram_receive_buffer < 2048:
+            raise ValueError("datagram_receive_buffer must be at least 2048")
+        if self.send_watermark <= 0:
+            raise ValueError("send_watermark must be positive")
+
+    @classmethod
+    def loopback(cls, **overrides: object) -> QuicSettings:
+        """Preset for client and server on the same host: 16000-byte datagrams, 4 MiB
+        socket buffers, 64 KiB receive buffer."""
+        base = cls(
+            max_datagram_size=16000,
+            socket_send_buffer=4 * MiB,
+            socket_receive_buffer=4 * MiB,
+            datagram_receive_buffer=64 * KiB,
+        )
+        return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+    @classmethod
+    def aioquic_defaults(cls) -> QuicSettings:
+        """aioquic's own defaults (for comparison benchmarks only)."""
+        return cls(
+            max_datagram_size=1200,
+            max_data=1 * MiB,
+            max_stream_data=1 * MiB,
+            max_streams_uni=128,
+            max_streams_bidi=128,
+            idle_timeout=60.0,
+            socket_send_buffer=None,
+            socket_receive_buffer=None,
+            datagram_receive_buffer=256 * KiB,
+        )
+
+    def quic_configuration(
+        self, *, is_client: bool, alpn_protocols: list[str]
+    ) -> QuicConfiguration:
+        """Build an aioquic :class:`QuicConfiguration` (without TLS material)."""
+        return QuicConfiguration(
+            is_client=is_client,
+            alpn_protocols=list(alpn_protocols),
+            max_datagram_size=self.max_datagram_size,
+            max_data=self.max_data,
+            max_stream_data=self.max_stream_data,
+            idle_timeout=self.idle_timeout,
+            max_datagram_frame_size=self.max_datagram_frame_size,
+            congestion_control_algorithm=self.congestion_control,
+        )
+
+    def configure_socket(self, sock: socket.socket) -> None:
+        """Apply the socket buffer sizes to a UDP socket (before or after binding)."""
+        for option, value in (
+            (socket.SO_SNDBUF, self.socket_send_buffer),
+            (socket.SO_RCVBUF, self.socket_receive_buffer),
+        ):
+            if value is None:
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, value)
+            except OSError as exc:  # pragma: no cover - platform specific
+                logger.warning("cannot set socket option %s=%d: %s", option, value, exc)
+        logger.debug(
+            "UDP socket buffers: snd=%d rcv=%d",
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+        )
