@@ -800,6 +800,10 @@ class Session:
                     self._event(ev.RequestFailed(req.request_id, None,
                                                  "stream ended without a final response"))
                 req.finished = True
+            if not req.local_fin and req.kind != _KIND_PUBLISH:
+                # the responder is done: FIN our side too (digest 8.2) so both ends forget
+                req.local_fin = True
+                self._emit(SendStreamData(req.stream_id, b"", end=True))
         elif req.kind in (_KIND_PUBLISH, _KIND_PUBLISH_NS, _KIND_SUBSCRIBE_NS,
                           _KIND_SUBSCRIBE_TRACKS) and not req.finished:
             # the requester withdrew (PUBLISH without PUBLISH_DONE, or a namespace request)
@@ -1014,7 +1018,7 @@ class Session:
             return
         if req.responded or req.kind in (_KIND_SUBSCRIBE, _KIND_FETCH):
             raise ValueError("request already answered or needs a specific OK")
-        if req.local != (req.kind == _KIND_PUBLISH):
+        if req.local:
             raise ValueError("not an incoming request")
         req.responded = req.established = True
         fin = req.kind == _KIND_TRACK_STATUS

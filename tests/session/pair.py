@@ -34,6 +34,9 @@ class Pair:
         self.server = Session(server_cfg or SessionConfig(is_client=False), Opener(False))
         self.chunk = chunk
         self.closed: dict[str, tuple[int, str]] = {}
+        """CloseSession actions keyed by the *receiving* side's name."""
+        self.closed_by: dict[str, tuple[int, str]] = {}
+        """CloseSession actions keyed by the side that closed (\"client\"/\"server\")."""
         self.wire: list[tuple[str, object]] = []
 
     def pump(self, rounds: int = 1000) -> None:
@@ -65,8 +68,54 @@ class Pair:
                 dst.datagram(act.data)
             elif isinstance(act, CloseSession):
                 self.closed[name] = (act.code, act.reason)
+                sender = "client" if name == "server" else "server"
+                self.closed_by[sender] = (act.code, act.reason)
                 dst.connection_lost(act.code, act.reason)
 
     @staticmethod
     def events(session: Session) -> list:
         return list(session.events())
+
+
+# -- helpers for protocol tests -------------------------------------------------------
+
+
+def established(client_cfg: SessionConfig | None = None,
+                server_cfg: SessionConfig | None = None, chunk: int | None = None) -> Pair:
+    """A Pair whose SETUP exchange is done and whose SessionEstablished events are drained."""
+    p = Pair(client_cfg, server_cfg, chunk)
+    p.pump()
+    p.events(p.client)
+    p.events(p.server)
+    return p
+
+
+def kinds(events: list) -> list[str]:
+    """Event class names, for compact assertions."""
+    return [type(e).__name__ for e in events]
+
+
+def of_type(events: list, cls: type) -> list:
+    """The events of one class."""
+    return [e for e in events if isinstance(e, cls)]
+
+
+def close_codes(actions: list) -> list[int]:
+    """Codes of the CloseSession actions in ``actions``."""
+    return [a.code for a in actions if isinstance(a, CloseSession)]
+
+
+def raw_server(server_cfg: SessionConfig | None = None,
+               setup: bool = True) -> tuple[Session, list]:
+    """A server session fed a client's SETUP on client uni stream 2 (raw-injection tests).
+
+    Returns the session and the actions it produced so far.
+    """
+    from kvcs.moqt.wire import Setup, SetupOptions, encode_message
+
+    s = Session(server_cfg or SessionConfig(is_client=False), Opener(False))
+    if setup:
+        s.stream_data(2, encode_message(Setup(SetupOptions(path=b"/", authority=b"x"))), False)
+    acts = s.actions()
+    list(s.events())
+    return s, acts
