@@ -21,6 +21,7 @@ Payload bytes are written as the views stored in the track: no copies per subscr
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import events as ev
@@ -154,6 +155,9 @@ class TrackServer:
         self._watched: dict[int, Track] = {}  # id(track) -> track with our listener
         self.objects_sent = 0
         self.bytes_sent = 0
+        self.request_done: Callable[[int], None] | None = None
+        """Optional hook called with the Request ID of a served subscription or fetch once
+        it has ended for any reason (done, cancelled, failed); used by the relay."""
 
     # ------------------------------------------------------------- requests
 
@@ -254,12 +258,14 @@ class TrackServer:
                 for cur in sub.cursors:
                     cur.done = True
                 self._unwatch_if_idle(sub.track)
+                self._notify_done(event.request_id)
                 return True
             cur = self._fetches.pop(event.request_id, None)
             if cur is not None:
                 cur.done = True
                 self.session.reset_data_stream(cur.stream_id, StreamResetCode.CANCELLED)
                 self._unwatch_if_idle(cur.track)
+                self._notify_done(event.request_id)
                 return True
         return False
 
@@ -275,6 +281,7 @@ class TrackServer:
                 self.session.reset_data_stream(cur.stream_id, StreamResetCode.INTERNAL_ERROR)
         self.session.publish_done(request_id, status, reason)
         self._unwatch_if_idle(sub.track)
+        self._notify_done(request_id)
 
     def fail_fetch(self, request_id: int, code: int = StreamResetCode.INTERNAL_ERROR) -> None:
         """Abort a fetch in progress (reset its data stream)."""
@@ -283,6 +290,15 @@ class TrackServer:
             cur.done = True
             self.session.reset_data_stream(cur.stream_id, code)
             self._unwatch_if_idle(cur.track)
+            self._notify_done(request_id)
+
+    def _notify_done(self, request_id: int) -> None:
+        if self.request_done is not None:
+            self.request_done(request_id)
+
+    def serving(self, request_id: int) -> bool:
+        """True while the subscription or fetch ``request_id`` is being served."""
+        return request_id in self._subs or request_id in self._fetches
 
     def close(self) -> None:
         """Forget everything (the session is gone)."""
@@ -481,6 +497,7 @@ class TrackServer:
         self._subs.pop(sub.request_id, None)
         self.session.publish_done(sub.request_id, PublishDoneCode.TRACK_ENDED, "")
         self._unwatch_if_idle(sub.track)
+        self._notify_done(sub.request_id)
 
     # ------------------------------------------------------------- cursors
 
@@ -551,8 +568,9 @@ class TrackServer:
 
     def _cursor_finished(self, cur: _Cursor) -> None:
         if cur.fill_id is None:
-            self._fetches.pop(cur.request_id, None)
-            self._unwatch_if_idle(cur.track)
+            if self._fetches.pop(cur.request_id, None) is not None:
+                self._unwatch_if_idle(cur.track)
+                self._notify_done(cur.request_id)
         else:
             sub = self._subs.get(cur.request_id)
             if sub is not None:
