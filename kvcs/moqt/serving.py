@@ -155,6 +155,10 @@ class TrackServer:
         self._watched: dict[int, Track] = {}  # id(track) -> track with our listener
         self.objects_sent = 0
         self.bytes_sent = 0
+        self.fill_handler: Callable[[int, int, Location, Location], bool] | None = None
+        """Optional check called as (subscription request id, fill id, start, end) before a
+        fill starts; returning False means the fill cannot be served: the fill stream is
+        opened and reset right after its FETCH_HEADER (digest 6.2, a MUST in d22)."""
         self.request_done: Callable[[int], None] | None = None
         """Optional hook called with the Request ID of a served subscription or fetch once
         it has ended for any reason (done, cancelled, failed); used by the relay."""
@@ -292,6 +296,19 @@ class TrackServer:
             self._unwatch_if_idle(cur.track)
             self._notify_done(request_id)
 
+    def fail_fill(self, request_id: int, fill_id: int | None = None,
+                  code: int = StreamResetCode.INTERNAL_ERROR) -> None:
+        """Abort the open fill streams of subscription ``request_id`` (only the one of
+        ``fill_id`` if given) by resetting them; live delivery continues."""
+        sub = self._subs.get(request_id)
+        if sub is None:
+            return
+        for cur in sub.cursors:
+            if not cur.done and (fill_id is None or cur.fill_id == fill_id):
+                cur.done = True
+                self.session.reset_data_stream(cur.stream_id, code)
+        self._maybe_done(sub)
+
     def _notify_done(self, request_id: int) -> None:
         if self.request_done is not None:
             self.request_done(request_id)
@@ -369,6 +386,10 @@ class TrackServer:
         filters = fill.range_filters or sub.filters
         sid = self.session.open_fetch_stream(sub.request_id, fill_id, track.default_priority,
                                              start.group)
+        if self.fill_handler is not None and not self.fill_handler(sub.request_id, fill_id,
+                                                                   start, end):
+            self.session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
+            return
         cur = self._cursor(sub.request_id, sid, track, start, end, descending, filters,
                            fill_id)
         sub.cursors.append(cur)
@@ -531,8 +552,9 @@ class TrackServer:
                 self.objects_sent += 1
                 self.bytes_sent += len(obj.payload)
             if g == end.group and cur.obj > end.object:
-                break
-            if not self._gap_known(track, g, cur.obj):
+                if not cur.descending:
+                    break  # the last group of an ascending range is done
+            elif not self._gap_known(track, g, cur.obj):
                 return  # the rest of this group is not known yet
             # move to the next group
             if cur.descending:
@@ -540,7 +562,7 @@ class TrackServer:
                 if not cur.groups:
                     break
                 cur.group = cur.groups.pop(0)
-                cur.obj = 0
+                cur.obj = cur.start.object if cur.group == cur.start.group else 0
                 continue
             nxt = next((x for x in track.group_ids() if x > g), None)
             if nxt is None or nxt > end.group:
