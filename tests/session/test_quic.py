@@ -1,0 +1,333 @@
+"""The MOQT session over real QUIC on 127.0.0.1 (ephemeral ports), both transports.
+
+A server (:func:`serve_endpoints`) accepts raw QUIC (``moqt://``) and WebTransport
+(``https://``) on one UDP port; each test connects clients to it and closes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.moqt.errors import SessionCode
+from kvcs.moqt.wire import (
+    Location,
+    LocationFilter,
+    ObjectStatus,
+    Parameters,
+    RangeFilter,
+    SubgroupHeader,
+    SubgroupWriter,
+    Subscribe,
+    encode_message,
+)
+from kvcs.transport import DevCertificate, QuicSettings, ensure_dev_certificate
+
+SETTINGS = QuicSettings.loopback()
+NS = (b"kv", b"quic")
+KiB = 1024
+
+
+@dataclass
+class Srv:
+    port: int
+    eps: list[Endpoint]
+    cert: DevCertificate
+
+    def url(self, scheme: str = "moqt", path: str = "/moq") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
+
+    async def connect(self, scheme: str = "moqt") -> tuple[Endpoint, Endpoint]:
+        """Connect a client; returns (client endpoint, the server's endpoint for it)."""
+        n = len(self.eps)
+        ep = await Endpoint.connect(self.url(scheme), cafile=str(self.cert.certfile),
+                                    settings=SETTINGS, timeout=5)
+        await until(lambda: len(self.eps) > n)
+        peer = self.eps[-1]
+        await asyncio.wait_for(peer.established(), 5)
+        return ep, peer
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``cond`` until it is true (fails after ``timeout`` seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
+    return ensure_dev_certificate(Path(tmp_path_factory.mktemp("moqt-certs")))
+
+
+@pytest.fixture
+async def srv(cert: DevCertificate) -> AsyncIterator[Srv]:
+    eps: list[Endpoint] = []
+    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=str(cert.certfile),
+                                   keyfile=str(cert.keyfile), settings=SETTINGS)
+    try:
+        yield Srv(server.port, eps, cert)
+    finally:
+        for ep in eps:
+            ep.close()
+        await server.aclose()
+
+
+async def _close(*eps: Endpoint) -> None:
+    for ep in eps:
+        ep.close()
+    for ep in eps:
+        await asyncio.wait_for(ep.wait_closed(), 5)
+
+
+# ----------------------------------------------------------------------------- SETUP
+
+
+@pytest.mark.parametrize("scheme", ["moqt", "https"])
+async def test_both_transports_exchange_setup(srv: Srv, scheme: str) -> None:
+    ep, peer = await srv.connect(scheme)
+    assert ep.peer_setup is not None and peer.peer_setup is not None
+    assert ep.peer_setup.implementation and peer.peer_setup.implementation
+    assert ep.peer_max_filter_ranges == 16
+    if scheme == "moqt":
+        assert peer.peer_setup.path == b"/moq"
+        assert peer.peer_setup.authority == f"127.0.0.1:{srv.port}".encode()
+        assert not ep.conn.is_webtransport
+    else:
+        assert peer.peer_setup.path is None and peer.peer_setup.authority is None
+        assert ep.conn.is_webtransport
+    await _close(ep)
+
+
+# ------------------------------------------------------------------ the big transfer
+
+
+GROUPS, PER_GROUP, SIZE = 80, 64, 32 * KiB
+_BASE = os.urandom(SIZE + GROUPS * PER_GROUP * 8)
+
+
+def _payload(g: int, o: int) -> memoryview:
+    """A distinct 32 KiB payload per object, as a zero-copy window of one random buffer."""
+    k = (g * PER_GROUP + o) * 8
+    return memoryview(_BASE)[k:k + SIZE]
+
+
+@pytest.mark.parametrize("scheme", ["moqt", "https"])
+async def test_track_80_groups_64_objects_32k_every_byte(srv: Srv, scheme: str) -> None:
+    sub_ep, pub = await srv.connect(scheme)
+    track = pub.create_track(NS, b"big")
+    sub = await sub_ep.subscribe(NS, b"big", location_filter=LocationFilter.next_object(),
+                                 fill=Parameters(location_filter=LocationFilter.none()))
+
+    async def produce() -> None:
+        for g in range(GROUPS):
+            for o in range(PER_GROUP):
+                pub.publish(track, g, o, _payload(g, o))
+            await pub.drain(8 << 20)
+        pub.publish(track, GROUPS - 1, PER_GROUP, b"", status=ObjectStatus.END_OF_TRACK)
+
+    prod = asyncio.create_task(produce())
+    n = 0
+    next_in_group = [0] * GROUPS  # groups travel on separate streams: order within each
+    async for obj in sub:
+        if obj.status == ObjectStatus.END_OF_TRACK:
+            assert obj.location == Location(GROUPS - 1, PER_GROUP)
+            continue
+        g, o = obj.group_id, obj.object_id
+        assert o == next_in_group[g], (g, o)
+        next_in_group[g] += 1
+        if obj.payload != _payload(g, o):  # every byte
+            raise AssertionError(f"payload of {g}/{o} differs")
+        n += 1
+    await asyncio.wait_for(prod, 10)
+    assert n == GROUPS * PER_GROUP
+    assert next_in_group == [PER_GROUP] * GROUPS
+    assert sub.done is not None and sub.done.status == 0x2
+    assert sub.done.stream_count == GROUPS  # one subgroup stream per group, no fill
+    assert sub.reset_streams == []
+    await _close(sub_ep)
+
+
+# ------------------------------------------------------------------- exactly once
+
+
+async def test_exactly_once_join_mid_production(srv: Srv) -> None:
+    sub_ep, pub = await srv.connect("moqt")
+    track = pub.create_track(NS, b"live")
+    groups, per = 24, 16
+    joined = asyncio.Event()
+
+    async def produce() -> None:
+        for g in range(groups):
+            for o in range(per):
+                pub.publish(track, g, o, f"{g}:{o}".encode() * 64)
+                if g == groups // 2 and o == per // 2:
+                    joined.clear()
+                    await asyncio.sleep(0)
+                    await joined.wait()  # the subscriber joins here, mid-group
+                if o % 4 == 0:
+                    await asyncio.sleep(0)
+            await pub.drain(1 << 20)
+        pub.publish(track, groups - 1, per, b"", status=ObjectStatus.END_OF_TRACK)
+
+    prod = asyncio.create_task(produce())
+    await until(lambda: track.largest is not None
+                and track.largest >= Location(groups // 2, per // 2))
+    sub = await sub_ep.subscribe(NS, b"live", location_filter=LocationFilter.next_object(),
+                                 fill=Parameters(location_filter=LocationFilter.none()))
+    assert sub.largest is not None and sub.largest >= Location(groups // 2, per // 2)
+    joined.set()
+    got: list[tuple[int, int]] = []
+    fill = 0
+    async for obj in sub:
+        if obj.status:
+            continue
+        got.append((obj.group_id, obj.object_id))
+        assert bytes(obj.payload) == f"{obj.group_id}:{obj.object_id}".encode() * 64
+        fill += obj.fill
+    await asyncio.wait_for(prod, 10)
+    assert len(got) == len(set(got)) == groups * per
+    assert sorted(got) == [(g, o) for g in range(groups) for o in range(per)]
+    largest = sub.largest
+    assert fill == largest.group * per + largest.object + 1  # fill = {0,0}..Largest
+    assert sub.done is not None
+    await _close(sub_ep)
+
+
+# -------------------------------------------------------------------------- FETCH
+
+
+async def test_fetch_group_range_and_objectid_filter(srv: Srv) -> None:
+    sub_ep, pub = await srv.connect("moqt")
+    track = pub.create_track(NS, b"f")
+    for g in range(10):
+        for o in range(8):
+            pub.publish(track, g, o, bytes([g, o]) * 100)
+    pub.flush()
+    res = await sub_ep.fetch(NS, b"f", location_filter=LocationFilter.absolute_group_end(3, 0, 2))
+    assert res.ok is not None and res.ok.end_location == Location(5, 7)
+    objs = await res.collect(5)
+    assert [(o.group_id, o.object_id) for o in objs] == [
+        (g, o) for g in range(3, 6) for o in range(8)]
+    assert all(bytes(o.payload) == bytes([o.group_id, o.object_id]) * 100 for o in objs)
+    n = 3
+    res = await sub_ep.fetch(NS, b"f", location_filter=LocationFilter.absolute_group_end(2, 0, 1),
+                             range_filters=(RangeFilter(0x26, 0, ((0, n - 1),)),))
+    objs = await res.collect(5)
+    assert [(o.group_id, o.object_id) for o in objs] == [
+        (g, o) for g in range(2, 4) for o in range(n)]
+    await _close(sub_ep)
+
+
+# ----------------------------------------------------------------- namespaces
+
+
+async def test_subscribe_namespace_existing_and_new(srv: Srv) -> None:
+    sub_ep, pub = await srv.connect("moqt")
+    await pub.announce((b"kv", b"a"))
+    await pub.announce((b"other", b"z"))
+    watch = await sub_ep.subscribe_namespace((b"kv",))
+    assert await watch.next(5) == (True, (b"kv", b"a"))
+    await pub.announce((b"kv", b"b", b"c"))
+    await pub.announce((b"kvx",))  # not under the prefix (field-wise match)
+    assert await watch.next(5) == (True, (b"kv", b"b", b"c"))
+    pub.withdraw((b"kv", b"a"))
+    assert await watch.next(5) == (False, (b"kv", b"a"))
+    assert await watch.next(0.1) is None
+    assert watch.current == {(b"kv", b"b", b"c")}
+    await watch.cancel()
+    await _close(sub_ep)
+
+
+# ---------------------------------------------------------------- misbehaviour
+
+
+def _raw_write(ep: Endpoint, stream_id: int, data: bytes, end: bool = False) -> None:
+    ep.conn._quic.send_stream_data(stream_id, data, end)
+    ep.conn.transmit()
+
+
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [
+        ("unknown_type", SessionCode.PROTOCOL_VIOLATION),
+        ("second_setup", SessionCode.PROTOCOL_VIOLATION),
+        ("control_fin", SessionCode.PROTOCOL_VIOLATION),
+        ("truncated_request", SessionCode.PROTOCOL_VIOLATION),
+        ("wrong_parity", SessionCode.INVALID_REQUEST_ID),
+    ],
+)
+async def test_misbehaving_raw_peer_is_closed(srv: Srv, case: str, code: int) -> None:
+    ep, peer = await srv.connect("moqt")
+    control = ep.session._control
+    sub = encode_message(Subscribe(1 if case == "wrong_parity" else 0, NS, b"t", Parameters()))
+    if case == "unknown_type":
+        _raw_write(ep, control, b"\x7e\x00\x00")
+    elif case == "second_setup":
+        from kvcs.moqt.wire import Setup, SetupOptions
+
+        _raw_write(ep, control, encode_message(Setup(SetupOptions())))
+    elif case == "control_fin":
+        _raw_write(ep, control, b"", end=True)
+    else:
+        sid = ep.conn._quic.get_next_available_stream_id(False)
+        _raw_write(ep, sid, sub[:-1] if case == "truncated_request" else sub,
+                   end=case == "truncated_request")
+    closed = await asyncio.wait_for(ep.wait_closed(), 5)
+    assert closed[0] == code
+    assert (await asyncio.wait_for(peer.wait_closed(), 5))[0] == code
+
+
+async def test_data_stream_ending_inside_object_over_quic(srv: Srv) -> None:
+    bad, peer = await srv.connect("moqt")
+    # the server side subscribes to a track the (misbehaving) client publishes
+    track = bad.create_track(NS, b"pub")
+    sub = await peer.subscribe(NS, b"pub")
+    bad.publish(track, 0, 0, b"delivered")
+    bad.flush()
+    first = await asyncio.wait_for(sub.__anext__(), 5)
+    assert bytes(first.payload) == b"delivered"
+    alias = sub.ok.track_alias  # type: ignore[union-attr]
+    w = SubgroupWriter(SubgroupHeader(alias, 1, 0, None))
+    raw = w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"whole"
+    raw += w.object_prefix(1, 100, 0, None) + b"only part"
+    sid = bad.conn._quic.get_next_available_stream_id(True)
+    _raw_write(bad, sid, raw, end=True)
+    closed = await asyncio.wait_for(peer.wait_closed(), 5)
+    assert closed[0] == SessionCode.PROTOCOL_VIOLATION
+    got = [bytes(o.payload) async for o in _drain(sub)]
+    assert b"only part" not in b"".join(got)
+    assert got in ([b"whole"], [])  # the complete object may be yielded, never the partial
+    assert (await asyncio.wait_for(bad.wait_closed(), 5))[0] == SessionCode.PROTOCOL_VIOLATION
+
+
+async def _drain(sub: object) -> AsyncIterator:  # type: ignore[type-arg]
+    try:
+        async for o in sub:  # type: ignore[attr-defined]
+            yield o
+    except Exception:
+        return
+
+
+async def test_unknown_alias_stream_over_quic_leaves_other_tracks(srv: Srv) -> None:
+    bad, peer = await srv.connect("moqt")
+    track = bad.create_track(NS, b"pub")
+    sub = await peer.subscribe(NS, b"pub")
+    w = SubgroupWriter(SubgroupHeader(999, 0, 0, None))
+    sid = bad.conn._quic.get_next_available_stream_id(True)
+    _raw_write(bad, sid, w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"stray", True)
+    bad.publish(track, 0, 0, b"real")
+    bad.publish(track, 0, 1, b"", status=ObjectStatus.END_OF_TRACK)
+    got = [(o.location, bytes(o.payload)) async for o in sub]
+    assert got == [(Location(0, 0), b"real"), (Location(0, 1), b"")]
+    assert not peer.is_closed and not bad.is_closed
+    await _close(bad)
