@@ -1,0 +1,109 @@
+"""MOQT goodput publisher -> subscriber (no relay) against the raw QUIC stream ceiling.
+
+One process, one event loop (publisher and subscriber share a CPU core, like
+:mod:`bench.bench_transport`). The publisher is the server-side :class:`Endpoint` of a
+session, serving a track of ``groups`` x 64 objects of 32 KiB to a subscribing client (one
+subgroup stream per group). Goodput counts payload bytes from the first publish to the last
+object received. The raw figure is :func:`bench.bench_transport.raw_stream_throughput` with
+the same :class:`QuicSettings` and the same number of bytes, in the same run.
+
+Run: ``.venv/bin/python -m bench.bench_moqt`` (``--profile`` prints a cProfile of the MOQT
+run with loopback settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+
+from bench.bench_transport import raw_stream_throughput
+from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.moqt.wire import LocationFilter, ObjectStatus
+from kvcs.transport import QuicSettings, ensure_dev_certificate
+
+MiB = 1024 * 1024
+OBJECT_SIZE = 32 * 1024
+PER_GROUP = 64
+NS = (b"bench", b"moqt")
+
+SETTINGS: dict[str, QuicSettings] = {
+    "default": QuicSettings(),
+    "loopback": QuicSettings.loopback(),
+}
+
+
+async def moqt_goodput(settings: QuicSettings, groups: int = 40,
+                       scheme: str = "moqt") -> float:
+    """Publish ``groups`` x 64 x 32 KiB objects to one subscriber; return goodput MiB/s."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cert = ensure_dev_certificate(tmp)
+        eps: list[Endpoint] = []
+        server = await serve_endpoints("127.0.0.1", 0, eps.append,
+                                       certfile=str(cert.certfile), keyfile=str(cert.keyfile),
+                                       settings=settings)
+        try:
+            sub_ep = await Endpoint.connect(f"{scheme}://127.0.0.1:{server.port}/bench",
+                                            pin_sha256=cert.sha256, settings=settings)
+            while not eps or eps[-1].peer_setup is None:
+                await asyncio.sleep(0.001)
+            pub = eps[-1]
+            track = pub.create_track(NS, b"t")
+            sub = await sub_ep.subscribe(NS, b"t", location_filter=LocationFilter.next_object())
+            payload = memoryview(bytes(range(256)) * (OBJECT_SIZE // 256))
+            total = groups * PER_GROUP * OBJECT_SIZE
+
+            async def produce() -> None:
+                for g in range(groups):
+                    for o in range(PER_GROUP):
+                        pub.publish(track, g, o, payload)
+                    await pub.drain(4 * MiB)
+                pub.publish(track, groups - 1, PER_GROUP, b"", status=ObjectStatus.END_OF_TRACK)
+
+            start = time.perf_counter()
+            task = asyncio.create_task(produce())
+            received = 0
+            async for obj in sub:
+                received += len(obj.payload)
+            elapsed = time.perf_counter() - start
+            await task
+            assert received == total, (received, total)
+            sub_ep.close()
+            await sub_ep.wait_closed()
+        finally:
+            await server.aclose()
+    return total / MiB / elapsed
+
+
+def main(groups: int = 40) -> dict[str, dict[str, float]]:
+    """Print and return ``{settings name: {"moqt", "raw", "ratio"}}`` (MiB/s)."""
+    results: dict[str, dict[str, float]] = {}
+    total = groups * PER_GROUP * OBJECT_SIZE
+    for name, settings in SETTINGS.items():
+        moqt = asyncio.run(moqt_goodput(settings, groups))
+        raw = asyncio.run(raw_stream_throughput(settings, total))
+        ratio = moqt / raw if raw else 0.0
+        results[name] = {"moqt": moqt, "raw": raw, "ratio": ratio}
+        print(f"MOQT goodput {name:8s} (max_datagram_size {settings.max_datagram_size:5d}): "
+              f"{moqt:7.1f} MiB/s   raw QUIC uni stream {raw:7.1f} MiB/s   "
+              f"ratio {ratio:4.2f} (target >= 0.85)")
+    return results
+
+
+def profile(groups: int = 40, top: int = 30) -> None:
+    """cProfile the MOQT run with loopback settings."""
+    prof = cProfile.Profile()
+    prof.enable()
+    asyncio.run(moqt_goodput(SETTINGS["loopback"], groups))
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+if __name__ == "__main__":
+    if "--profile" in sys.argv:
+        profile()
+    else:
+        main()
