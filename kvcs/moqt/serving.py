@@ -467,8 +467,10 @@ class TrackServer:
                 if cur.track is track:
                     self.fail_fetch(rid)
             return
-        # any change can unblock cursors
+        # any change can unblock cursors (and complete a cached track's live range)
         for sub in subs:
+            if not sub.ended and track.end_of_track is not None:
+                self._track_ended(sub)
             for cur in sub.cursors:
                 if not cur.done:
                     self._pump(cur)
@@ -505,7 +507,40 @@ class TrackServer:
         if obj.status == ObjectStatus.END_OF_TRACK:
             self._track_ended(sub)
 
+    @staticmethod
+    def _live_complete(sub: _Subscription) -> bool:
+        """True when every Location from the subscription start to End of Track is known.
+
+        Origin tracks are written in order; a cached (relay) track may learn End of Track
+        while earlier objects are still in flight on other streams.
+        """
+        t = sub.track
+        if t.origin or t.complete:
+            return True
+        eot = t.end_of_track
+        if eot is None:
+            return False
+        if t.settled_until is not None and t.settled_until >= eot:
+            return True
+        start = sub.start
+        for g in range(start.group, eot.group + 1):
+            lo = start.object if g == start.group else 0
+            if g == eot.group:
+                hi = eot.object
+            elif t.group_closed(g) and lo == 0:
+                continue
+            else:
+                end = t.group_end(g)
+                if end is None:
+                    return False
+                hi = end
+            if not all(t.is_settled(Location(g, o)) for o in range(lo, hi)):
+                return False
+        return True
+
     def _track_ended(self, sub: _Subscription) -> None:
+        if not self._live_complete(sub):
+            return  # re-checked as the track learns more
         sub.ended = True
         self._maybe_done(sub)
 
