@@ -1,0 +1,173 @@
+"""The ``kvcs`` command line.
+
+Subcommands are registered in :data:`COMMANDS`: each entry maps a name to a function that
+adds its subparser (``add(subparsers) -> parser``) and sets ``func`` (``func(args) -> int``)
+as the parser default. ``relay`` lives here; ``publish``, ``fetch`` and ``inspect`` are
+added by registering their builders in :data:`COMMANDS` (see the placeholders below).
+
+User mistakes exit with status 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("kvcs")
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line, exit status 2."""
+
+
+Builder = Callable[[Any], argparse.ArgumentParser]
+COMMANDS: dict[str, Builder] = {}
+"""Subcommand name -> builder adding its subparser (insertion order = help order)."""
+
+
+def command(name: str) -> Callable[[Builder], Builder]:
+    """Register a subcommand builder."""
+
+    def deco(fn: Builder) -> Builder:
+        COMMANDS[name] = fn
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------- relay
+
+
+@command("relay")
+def _relay_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "relay", help="run the caching MOQT relay",
+        description="Caching MOQT draft-22 relay (raw QUIC moqt-22 + WebTransport on one "
+                    "UDP port). See docs/relay.md.")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file with the same keys "
+                   "as the flags (listen, auth, cache_bytes, ...); flags win")
+    p.add_argument("--listen", metavar="HOST:PORT", help="UDP address (default 127.0.0.1:4443)")
+    p.add_argument("--tls-cert", metavar="PEM", help="certificate chain (PEM)")
+    p.add_argument("--tls-key", metavar="PEM", help="private key (PEM)")
+    p.add_argument("--cert-dir", metavar="DIR",
+                   help="where the self-signed dev certificate goes (default certs/)")
+    p.add_argument("--upstream", metavar="URL",
+                   help="moqt:// or https:// URL of an upstream relay")
+    p.add_argument("--upstream-cafile", metavar="PEM", help="CA/cert to verify the upstream")
+    p.add_argument("--upstream-insecure", action="store_true", default=None,
+                   help="do not verify the upstream certificate (testing only)")
+    p.add_argument("--upstream-token", metavar="TOKEN",
+                   help="authorization token sent upstream (text or hex:...)")
+    p.add_argument("--auth", metavar="FILE", help="JSON token file (see docs/relay.md)")
+    p.add_argument("--anonymous", action="store_true", default=None,
+                   help="allow everything without tokens (local demos only)")
+    p.add_argument("--cache-bytes", metavar="SIZE", help="cache budget, e.g. 1GiB (default)")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP")
+    p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
+    p.add_argument("--quic-preset", choices=["default", "loopback"],
+                   help="QUIC tuning preset (default: default)")
+    p.add_argument("--max-fetches-per-session", type=int, metavar="N")
+    p.add_argument("--max-requests-per-session", type=int, metavar="N")
+    p.add_argument("--upstream-linger", type=float, metavar="SECONDS",
+                   help="keep an idle upstream subscription this long (default 10)")
+    p.set_defaults(func=run_relay)
+    return p
+
+
+_RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstream_cafile",
+               "upstream_insecure", "upstream_token", "auth", "anonymous", "cache_bytes",
+               "metrics", "log_level", "quic_preset", "max_fetches_per_session",
+               "max_requests_per_session", "upstream_linger")
+
+
+def relay_config(args: argparse.Namespace) -> Any:
+    """Build the RelayConfig from ``--config`` and the flags (flags win)."""
+    from .relay.config import RelayConfig, load_config_file
+
+    cfg = RelayConfig()
+    if args.config:
+        cfg.update(load_config_file(args.config))
+    cfg.update({k: getattr(args, k) for k in _RELAY_KEYS if getattr(args, k) is not None})
+    cfg.validate()
+    return cfg
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
+    from .relay import ConfigError, Relay
+
+    try:
+        cfg = relay_config(args)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        relay = Relay(cfg)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await relay.start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from None
+        except ConnectionError as exc:
+            raise UsageError(f"cannot connect upstream {cfg.upstream}: {exc}") from None
+        print(f"kvcs relay listening on {cfg.listen.rpartition(':')[0]}:{relay.port} "
+              f"(moqt-22 over QUIC and WebTransport)", flush=True)
+        if relay.fingerprint:
+            print(f"self-signed certificate SHA-256 fingerprint: {relay.fingerprint}",
+                  flush=True)
+        if relay.metrics_server is not None:
+            print(f"metrics on http://{cfg.metrics.rpartition(':')[0]}:"
+                  f"{relay.metrics_server.port}/metrics", flush=True)
+        await stop.wait()
+        print("shutting down (GOAWAY sent to all sessions)", flush=True)
+        await relay.stop()
+
+    asyncio.run(run())
+    return 0
+
+
+# ---------------------------------------------------------------------------- others
+# Placeholders: another module registers ``publish``, ``fetch`` and ``inspect`` with
+# ``@command("publish")`` etc. (builder adds a subparser and sets ``func``).
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for build in COMMANDS.values():
+        build(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kvcs`` script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"kvcs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The relay's object cache: tracks by Full Track Name, a byte budget, age and LRU eviction.
+
+Payload bytes are the views received from upstream (no copies). :attr:`Cache.bytes` counts
+payload bytes only; the per-object overhead (a :class:`CachedObject` and index entries,
+roughly 200 bytes per object in CPython) comes on top and is documented in docs/relay.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ..moqt.track import FullTrackName, Track
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+OBJECT_OVERHEAD = 200
+"""Approximate bytes of Python bookkeeping per cached object (not counted in ``bytes``)."""
+
+
+class Cache:
+    """Tracks by Full Track Name with a payload byte budget."""
+
+    def __init__(self, budget: int, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.tracks: dict[FullTrackName, Track] = {}
+        self.bytes = 0
+        """Payload bytes of all cached tracks (kept up to date by :meth:`added`)."""
+        self.pinned: Callable[[Track], bool] = lambda _t: False
+        """Tracks that should be evicted last (being fed or served)."""
+        self.on_evict: Callable[[Track, str], None] = lambda _t, _r: None
+
+    def get(self, key: FullTrackName) -> Track | None:
+        """The cached track or None."""
+        return self.tracks.get(key)
+
+    def put(self, track: Track) -> None:
+        """Add a track (empty or not) to the cache."""
+        self.tracks[track.full_name] = track
+        self.bytes += track.bytes
+
+    def added(self, nbytes: int) -> None:
+        """Account ``nbytes`` of new payload; evicts if over budget."""
+        self.bytes += nbytes
+        if self.bytes > self.budget:
+            self.enforce_budget()
+
+    def remove(self, track: Track, reason: str) -> None:
+        """Drop a track (listeners are told it is gone)."""
+        if self.tracks.get(track.full_name) is not track:
+            return
+        del self.tracks[track.full_name]
+        self.bytes -= track.bytes
+        self.metrics.inc("kvcs_relay_cache_evictions_total", reason=reason)
+        log.info("evicting track %r (%d bytes, %s)", track.name, track.bytes, reason)
+        self.on_evict(track, reason)
+        track.drop()
+
+    def forget(self, track: Track) -> None:
+        """Remove a track without counting an eviction (e.g. incomplete, source gone)."""
+        if self.tracks.get(track.full_name) is track:
+            del self.tracks[track.full_name]
+            self.bytes -= track.bytes
+            track.drop()
+
+    def enforce_budget(self) -> None:
+        """Evict tracks, least recently used first (unpinned before pinned)."""
+        if self.bytes <= self.budget:
+            return
+        order = sorted(self.tracks.values(),
+                       key=lambda t: (self.pinned(t), t.last_used))
+        for track in order:
+            if self.bytes <= self.budget:
+                break
+            self.remove(track, "bytes")
+
+    def sweep(self) -> None:
+        """Evict expired tracks (MAX_CACHE_DURATION) and enforce the budget."""
+        now = self.clock()
+        for track in list(self.tracks.values()):
+            if track.expired(now):
+                self.remove(track, "age")
+        self.enforce_budget()

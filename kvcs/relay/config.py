@@ -1,0 +1,147 @@
+"""Relay configuration: one dataclass, loadable from JSON or TOML; CLI flags win."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration (bad file, bad value); one-line message."""
+
+
+def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (IPv6 as ``[::1]:4443``); raises ConfigError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        p = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}") from None
+    if not 0 <= p <= 65535:
+        raise ConfigError(f"{what}: port {p} out of range")
+    return host, p
+
+
+@dataclass
+class RelayConfig:
+    """Everything the relay needs; the CLI builds one from flags and a config file."""
+
+    listen: str = "127.0.0.1:4443"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    cert_dir: str = "certs"
+    upstream: str | None = None
+    upstream_cafile: str | None = None
+    upstream_insecure: bool = False
+    upstream_token: str | None = None
+    auth: str | None = None
+    anonymous: bool = False
+    cache_bytes: int = 1 << 30
+    metrics: str | None = None
+    log_level: str = "info"
+    quic_preset: str = "default"
+    max_fetches_per_session: int = 16
+    max_requests_per_session: int = 1024
+    fetch_retry_ms: int = 1000
+    upstream_linger: float = 10.0
+    """Seconds an upstream subscription is kept after its last downstream left."""
+    goaway_grace: float = 2.0
+    """Seconds between GOAWAY and closing sessions on shutdown."""
+    sweep_interval: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def keys(cls) -> set[str]:
+        """Configuration keys accepted in files (with ``-`` or ``_``)."""
+        return {f.name for f in fields(cls) if f.name != "extra"}
+
+    def update(self, values: dict[str, Any]) -> None:
+        """Apply ``values`` (file or flags); unknown keys raise ConfigError."""
+        known = self.keys()
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"unknown configuration key {key!r}")
+            current = getattr(self, name)
+            if isinstance(current, bool) and not isinstance(value, bool):
+                raise ConfigError(f"{key} must be true or false")
+            if name == "cache_bytes":
+                value = parse_size(value)
+            elif isinstance(current, int | float) and not isinstance(current, bool):
+                try:
+                    value = type(current)(value)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+            setattr(self, name, value)
+
+    def validate(self) -> None:
+        """Check cross-field rules; raises ConfigError with one clear line."""
+        parse_hostport(self.listen, "--listen")
+        if self.metrics:
+            parse_hostport(self.metrics, "--metrics")
+        if not self.auth and not self.anonymous:
+            raise ConfigError("refusing to start without authorization: pass --auth FILE "
+                              "(or --anonymous for a local demo)")
+        if self.auth and self.anonymous:
+            raise ConfigError("--auth and --anonymous are mutually exclusive")
+        if bool(self.tls_cert) != bool(self.tls_key) and not self.tls_cert:
+            raise ConfigError("--tls-key needs --tls-cert")
+        for path in (self.tls_cert, self.tls_key, self.auth, self.upstream_cafile):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"file not found: {path}")
+        if self.upstream and not self.upstream.startswith(("moqt://", "https://")):
+            raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {self.upstream}")
+        if self.cache_bytes <= 0:
+            raise ConfigError("--cache-bytes must be positive")
+        if self.quic_preset not in ("default", "loopback"):
+            raise ConfigError("--quic-preset must be 'default' or 'loopback'")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"--log-level: unknown level {self.log_level!r}")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(value: Any) -> int:
+    """Parse a byte count: ``1073741824``, ``512MiB``, ``1G``, ``2gb``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    if unit not in _UNITS or not num:
+        raise ConfigError(f"not a byte size: {value!r} (e.g. 1073741824, 512MiB, 1GiB)")
+    try:
+        return int(float(num) * _UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"not a byte size: {value!r}") from None
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a JSON (``.json``) or TOML file of configuration keys; raises ConfigError.
+
+    A TOML file may hold the keys at top level or in a ``[relay]`` table.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        is_json = p.suffix.lower() == ".json"
+        data = json.loads(raw) if is_json else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a table/object of keys")
+    if isinstance(data.get("relay"), dict):
+        data = data["relay"]
+    return data
