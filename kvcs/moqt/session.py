@@ -155,6 +155,7 @@ class Request:
     # subscriber side of a subscription
     done: PublishDone | None = None
     streams_ended: int = 0
+    ended: bool = False  # SubscriptionEnded was reported
     # REQUEST_UPDATE bookkeeping: ids we sent and await answers for (FIFO), or ids the
     # peer sent and we have not answered yet
     updates: deque[int] = field(default_factory=deque)
@@ -783,6 +784,7 @@ class Session:
             return
         if req.track_alias is not None and self._aliases.get(req.track_alias) is req:
             del self._aliases[req.track_alias]
+        req.ended = True
         self._event(ev.SubscriptionEnded(req.request_id, done))
         self._maybe_forget(req)
 
@@ -833,10 +835,13 @@ class Session:
     def _maybe_forget(self, req: Request) -> None:
         if req.local_fin and req.remote_fin:
             self._by_stream.pop(req.stream_id, None)
-            if req.kind not in _SUBSCRIPTIONS or req.finished:
-                self._requests.pop(req.request_id, None)
-                for uid in req.updates:
-                    self._updates.pop(uid, None)
+            if req.kind in _SUBSCRIPTIONS and not req.finished:
+                return
+            if _we_subscribe(req) and req.done is not None and not req.ended:
+                return  # data streams counted by PUBLISH_DONE are still open
+            self._requests.pop(req.request_id, None)
+            for uid in req.updates:
+                self._updates.pop(uid, None)
 
     # ------------------------------------------------------------------ API: requests
 
