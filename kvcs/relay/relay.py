@@ -324,7 +324,8 @@ class Relay:
             for ns in list(self._up_ns):
                 del self._up_ns[ns]
                 self._ns_changed(ns)
-            log.error("upstream session lost (%#x %s)", e.code, e.reason)
+            (log.info if self.going_away else log.error)(
+                "upstream session lost (%#x %s)", e.code, e.reason)
         self._flush_all()
 
     # ------------------------------------------------------------------ requests

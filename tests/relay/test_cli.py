@@ -1,0 +1,88 @@
+"""The ``kvcs`` command line: relay flags, errors, subprocess start/stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcs.cli import build_parser, main, relay_config
+from kvcs.relay import ConfigError
+
+PY = sys.executable
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "kvcs", *args], capture_output=True, text=True,
+                          timeout=30, cwd=cwd)
+
+
+def test_relay_without_auth_refuses_with_one_line(tmp_path: Path) -> None:
+    p = run("relay", "--listen", "127.0.0.1:0", cwd=tmp_path)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--auth" in lines[0] and "--anonymous" in lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_help() -> None:
+    p = run("relay", "--help")
+    assert p.returncode == 0 and "--upstream" in p.stdout and "--cache-bytes" in p.stdout
+
+
+def test_user_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["relay", "--anonymous", "--listen", "nope"],
+                 ["relay", "--auth", str(tmp_path / "missing.json")],
+                 ["relay", "--anonymous", "--cache-bytes", "lots"],
+                 ["relay", "--anonymous", "--upstream", "ftp://x"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("kvcs relay: error:"), err
+
+
+def test_config_file_and_flags_win(tmp_path: Path) -> None:
+    cfg = tmp_path / "relay.toml"
+    cfg.write_text('[relay]\nlisten = "127.0.0.1:5000"\nanonymous = true\n'
+                   'cache-bytes = "64MiB"\n')
+    args = build_parser().parse_args(["relay", "--config", str(cfg), "--listen",
+                                      "127.0.0.1:6000"])
+    c = relay_config(args)
+    assert c.listen == "127.0.0.1:6000" and c.anonymous and c.cache_bytes == 64 << 20
+    cfg.write_text('bogus = 1\n')
+    with pytest.raises(ConfigError, match="unknown configuration key"):
+        relay_config(build_parser().parse_args(["relay", "--config", str(cfg)]))
+
+
+def test_subprocess_start_fingerprint_sigterm(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([PY, "-m", "kvcs", "relay", "--anonymous", "--listen",
+                             "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "fingerprint" in line:
+                break
+        assert any("fingerprint" in s for s in seen), seen
+        fp = seen[-1].split()[-1]
+        assert len(fp.split(":")) == 32
+        assert (tmp_path / "certs" / "dev-cert.pem").exists()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)
+        assert rc == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
