@@ -1,0 +1,619 @@
+"""The KVCS consumer: find a publication of a prompt's prefix, verify it, stream its layers.
+
+Embed it in a decode worker::
+
+    consumer = KvConsumer(endpoint, scope, descriptor, tokens)
+    pub = await consumer.discover()                  # longest reusable prefix, or None
+    async for layer in consumer.layers(pub):         # layer 0 first, while later ones arrive
+        attend(layer.index, layer.k, layer.v)        # numpy [blocks*B, kv_heads, head_dim]
+
+Procedures (kvcs-draft "Consumer Procedures"):
+
+* discovery: SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID, AnchorKey) for the
+  longest prefix, then successively shorter ones;
+* manifest: ``manifest.cose`` first, ``manifest`` only when authenticity is not required;
+  CompatID of ``compat`` must equal the namespace's, ``block_keys_sha256`` must cover the
+  consumer's own Block Keys;
+* a live cache: SUBSCRIBE with Next Object + FILL_PARAMETERS from {0,0} on each needed data
+  track (exactly once); a completed one: FETCH of layers a..b (Absolute Start, Group End;
+  ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
+  excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
+  layer;
+* every object is verified (header, Location, SHA-256, and the signed ``object_digests``
+  when authenticity is required); a bad object is discarded and treated as missing;
+* a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
+  order; missing blocks are retried (other endpoints = other relays, other publications
+  when both are deterministic) within a recompute-time budget, then reported through
+  :class:`RecomputeRequired`. Objects of different publications are never mixed unless
+  both manifests say ``deterministic``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
+from ..moqt.errors import RequestErrorCode
+from ..moqt.wire import LocationFilter, ObjectStatus, Parameters, RangeFilter
+from .codecs import codec_value, decode_kv, decode_section
+from .cose import Keyring, verify_manifest
+from .errors import KvcsError, ManifestError, SignatureError, VerificationError
+from .ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
+from .manifest import Manifest, Segment, check_namespace, segment_covers
+from .payload import verify_payload
+from .tracks import TrackName
+
+log = logging.getLogger(__name__)
+
+OBJECTID_FILTER = 0x26
+
+
+class RecomputeRequired(KvcsError):
+    """Some blocks could not be obtained and verified within the budget.
+
+    ``missing`` maps layer -> sorted block indexes (within the segment) to recompute;
+    ``yielded`` is how many layers were delivered before this was raised.
+    """
+
+    def __init__(self, missing: dict[int, list[int]], yielded: int, reason: str) -> None:
+        layers = sorted(missing)
+        super().__init__(f"{reason}: {len(layers)} layer(s) incomplete, first {layers[:1]}")
+        self.missing = missing
+        self.yielded = yielded
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A publication found by discovery: its namespace and how many blocks its anchor
+    covers (the reusable prefix)."""
+
+    namespace: KvcsNamespace
+    fields: tuple[bytes, ...]
+    prefix_blocks: int
+
+
+@dataclass
+class KvLayer:
+    """One verified layer: K and V as [blocks*B, kv_heads, head_dim] arrays."""
+
+    index: int
+    k: np.ndarray
+    v: np.ndarray
+    blocks: int
+
+
+@dataclass
+class ConsumerStats:
+    """What the consumer saw (for logs, tests and benchmarks)."""
+
+    objects: int = 0
+    bytes: int = 0
+    rejected: int = 0
+    excess: int = 0
+    retries: int = 0
+    first_layer_at: float | None = None
+    started_at: float = 0.0
+    finished_at: float | None = None
+
+
+@dataclass
+class _LayerBuf:
+    k: np.ndarray
+    v: np.ndarray
+    have_k: np.ndarray
+    have_v: np.ndarray
+    digests: dict[tuple[str, int], bytes] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        return bool(self.have_k.all() and self.have_v.all())
+
+
+class KvConsumer:
+    """Finds and retrieves KV caches for one prompt. See the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: Endpoint | Sequence[Endpoint],
+        scope: ScopeKey,
+        descriptor: CompatDescriptor | dict,
+        tokens: Sequence[int] | np.ndarray,
+        *,
+        keyring: Keyring | None = None,
+        require_signed: bool = False,
+        codec: str = "raw",
+        hex_namespace: bool = False,
+        recompute_budget_s: float = 10.0,
+        discovery_timeout: float = 0.1,
+        on_progress: Callable[[str, int, int], None] | None = None,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
+                           else CompatDescriptor.from_dict(descriptor))
+        self.scope = scope
+        self.keyring = keyring
+        self.require_signed = require_signed
+        if require_signed and keyring is None:
+            raise ValueError("require_signed needs a keyring of producer keys")
+        self.codec = codec
+        codec_value(codec)
+        self.hex_namespace = hex_namespace
+        self.recompute_budget_s = recompute_budget_s
+        self.discovery_timeout = discovery_timeout
+        self.on_progress = on_progress
+        self.compat_id = self.descriptor.compat_id
+        self.scope_id = scope_id(scope)
+        self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
+                               self.descriptor.block_tokens)
+        self.stats = ConsumerStats()
+        self.manifests: dict[tuple[bytes, ...], Manifest] = {}
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The primary endpoint."""
+        return self.endpoints[0]
+
+    # ------------------------------------------------------------------ discovery
+
+    def _prefix(self, n: int) -> tuple[bytes, ...]:
+        fields = (self.scope_id, self.compat_id, self.keys[n - 1])
+        if self.hex_namespace:
+            return (b"kvcs-1", *(f.hex().encode() for f in fields))
+        return (b"kvcs-1", *fields)
+
+    async def discover(self, max_blocks: int | None = None,
+                       endpoint: Endpoint | None = None) -> Publication | None:
+        """Find a publication for the longest reusable prefix (None if nothing matches)."""
+        found = await self.discover_all(max_blocks, endpoint)
+        return found[0] if found else None
+
+    async def discover_all(self, max_blocks: int | None = None,
+                           endpoint: Endpoint | None = None) -> list[Publication]:
+        """All publications of the longest prefix that has any (others first-found first)."""
+        ep = endpoint or self.endpoint
+        n = min(len(self.keys), max_blocks or len(self.keys))
+        while n >= 1:
+            pubs = await self._publications_at(ep, n)
+            if pubs:
+                return pubs
+            n -= 1
+        return []
+
+    async def _publications_at(self, ep: Endpoint, n: int) -> list[Publication]:
+        prefix = self._prefix(n)
+        try:
+            watch = await ep.subscribe_namespace(prefix)
+        except MoqtRequestError as exc:
+            if exc.code == RequestErrorCode.UNAUTHORIZED:
+                raise
+            return []
+        out: list[Publication] = []
+        try:
+            # NAMESPACE messages follow the REQUEST_OK on the same stream: wait briefly
+            wait = self.discovery_timeout
+            while (change := await watch.next(wait)) is not None:
+                added, ns = change
+                wait = 0.01  # after the first answer, only collect what is already there
+                if not added:
+                    continue
+                try:
+                    kns = KvcsNamespace.from_fields(ns, hex_fields=self.hex_namespace)
+                except ValueError:
+                    continue
+                out.append(Publication(kns, tuple(ns), n))
+        finally:
+            await watch.cancel()
+        return out
+
+    # ------------------------------------------------------------------ manifest
+
+    async def manifest(self, pub: Publication, endpoint: Endpoint | None = None) -> Manifest:
+        """Read and check the newest manifest of a publication (raises ManifestError or
+        SignatureError)."""
+        ep = endpoint or self.endpoint
+        blob, signed = await self._manifest_blob(ep, pub)
+        return self._check_manifest(pub, blob, signed)
+
+    async def _manifest_blob(self, ep: Endpoint, pub: Publication) -> tuple[bytes, bool]:
+        names = [(TrackName.manifest(cose=True).to_bytes(), True)]
+        if not self.require_signed:
+            names.append((TrackName.manifest(cose=False).to_bytes(), False))
+        last_exc: Exception | None = None
+        for name, signed in names:
+            try:
+                status = await ep.track_status(pub.fields, name)
+            except MoqtRequestError as exc:
+                last_exc = exc
+                continue
+            largest = status.params.largest_object
+            if largest is None:
+                continue
+            res = await ep.fetch(pub.fields, name, location_filter=LocationFilter.absolute_range(
+                largest.group, 0, 0, 0))
+            objs = [o async for o in res if o.status == ObjectStatus.NORMAL]
+            if objs:
+                return bytes(objs[-1].payload), signed
+        if self.require_signed:
+            raise SignatureError("the publication has no signed manifest (manifest.cose)")
+        raise ManifestError(f"no manifest found ({last_exc})")
+
+    def _check_manifest(self, pub: Publication, blob: bytes, signed: bool) -> Manifest:
+        if signed:
+            if self.keyring is None:
+                raise SignatureError("signed manifest but no keyring to verify it")
+            blob = verify_manifest(blob, self.keyring)
+        m = Manifest.parse(blob)
+        check_namespace(m, pub.namespace.compat_id)
+        seg0 = m.segment(0)
+        if seg0 is None:
+            raise ManifestError("manifest has no segment 0")
+        if not segment_covers(seg0, self.keys):
+            raise ManifestError("block_keys_sha256 of segment 0 does not match this prompt")
+        self.manifests[pub.fields] = m
+        return m
+
+    # ------------------------------------------------------------------ layers
+
+    async def layers(
+        self,
+        pub: Publication,
+        layers: range | None = None,
+        blocks: int | None = None,
+        segment: int = 0,
+        *,
+        manifest: Manifest | None = None,
+        alternates: Sequence[Publication] = (),
+    ) -> AsyncIterator[KvLayer]:
+        """Yield verified layers of ``segment`` in order.
+
+        ``layers`` defaults to all; ``blocks`` (first n blocks) defaults to what both the
+        segment and this prompt cover. Live publications are subscribed (exactly once),
+        completed ones fetched. Raises :class:`RecomputeRequired` when blocks stay missing.
+        """
+        d = self.descriptor
+        m = manifest or await self.manifest(pub)
+        seg = m.segment(segment)
+        if seg is None:
+            raise ManifestError(f"manifest has no segment {segment}")
+        mine = max(0, len(self.keys) - seg.first_block)
+        n = min(seg.blocks, mine if segment > 0 else seg.blocks)
+        if blocks is not None:
+            n = min(n, blocks)
+        if n <= 0:
+            return
+        lay = layers if layers is not None else range(d.layers)
+        if lay.step != 1 or lay.start < 0 or lay.stop > d.layers or not len(lay):
+            raise ValueError(f"layers must be a contiguous range within 0..{d.layers}")
+        run = _Retrieval(self, pub, m, seg, lay, n)
+        self.stats.started_at = time.perf_counter()
+        async for layer in run.run(alternates):
+            if self.stats.first_layer_at is None:
+                self.stats.first_layer_at = time.perf_counter()
+            yield layer
+        self.stats.finished_at = time.perf_counter()
+
+
+class _Retrieval:
+    """One retrieval of a layer range of a segment (both K and V tracks)."""
+
+    def __init__(self, consumer: KvConsumer, pub: Publication, manifest: Manifest,
+                 seg: Segment, layers: range, n: int) -> None:
+        self.c = consumer
+        self.pub = pub
+        self.manifest = manifest
+        self.seg = seg
+        self.layers = layers
+        self.n = n
+        d = consumer.descriptor
+        self.B = d.block_tokens
+        self.dtype = d.dtype
+        self.k_shape = d.k_shape()
+        self.v_shape = d.v_shape()
+        codec = consumer.codec
+        k_name = TrackName.data("k", codec, seg.segment).format()
+        v_name = TrackName.data("v", codec, seg.segment).format()
+        kv_name = TrackName.data("kv", codec, seg.segment).format()
+        if k_name in seg.tracks and v_name in seg.tracks:
+            self.tracks = {"k": k_name, "v": v_name}
+        elif kv_name in seg.tracks:
+            self.tracks = {"kv": kv_name}
+        elif f"k.raw.s{seg.segment}" in seg.tracks:
+            self.tracks = {"k": f"k.raw.s{seg.segment}", "v": f"v.raw.s{seg.segment}"}
+        else:
+            raise ManifestError(f"segment {seg.segment} offers no usable tracks: {seg.tracks}")
+        self.codecs = {c: TrackName.parse(t).codec for c, t in self.tracks.items()}
+        self.bufs: dict[int, _LayerBuf] = {}
+        self.done_layers: set[int] = set()
+        self.next_yield = layers.start
+        self.ready: asyncio.Event = asyncio.Event()
+        self.finished_tracks = 0
+        self.signed_digests = consumer.require_signed
+
+    # -- assembly ------------------------------------------------------------------
+
+    def _buf(self, layer: int) -> _LayerBuf:
+        buf = self.bufs.get(layer)
+        if buf is None:
+            rows = self.n * self.B
+            buf = self.bufs[layer] = _LayerBuf(
+                np.empty((rows, *self.k_shape[1:]), dtype=self.dtype),
+                np.empty((rows, *self.v_shape[1:]), dtype=self.dtype),
+                np.zeros(self.n, dtype=bool), np.zeros(self.n, dtype=bool))
+        return buf
+
+    def accept(self, comp: str, obj: ReceivedObject) -> None:
+        """Verify one received object and place it; bad objects are counted and dropped."""
+        st = self.c.stats
+        if obj.status != ObjectStatus.NORMAL:
+            return
+        layer, block = obj.group_id, obj.object_id
+        if layer not in self.layers or layer in self.done_layers:
+            return
+        if block >= self.n:
+            st.excess += 1
+            return
+        buf = self._buf(layer)
+        have = buf.have_v if comp == "v" else buf.have_k
+        if have[block] and (comp != "kv" or buf.have_v[block]):
+            return  # duplicate (e.g. a retry overlapping)
+        try:
+            hdr = verify_payload(obj.payload, group=layer, object_id=block)
+            if hdr.token_count != self.B or hdr.codec != codec_value(self.codecs[comp]):
+                raise VerificationError("token count or codec differs from the manifest")
+            want = 3 if comp == "kv" else (1 if comp == "k" else 2)
+            if hdr.component != want:
+                raise VerificationError(f"component {hdr.component} on the {comp} track")
+            expected = (self.seg.first_block + block) * self.B
+            if hdr.token_start != expected:
+                raise VerificationError(f"token start {hdr.token_start}, expected {expected}")
+            rows = slice(block * self.B, (block + 1) * self.B)
+            codec = self.codecs[comp]
+            if comp == "kv":
+                k, v = decode_kv(codec, hdr.data, self.dtype, self.k_shape, self.v_shape)
+                buf.k[rows] = k
+                buf.v[rows] = v
+                buf.have_k[block] = buf.have_v[block] = True
+            else:
+                shape = self.v_shape if comp == "v" else self.k_shape
+                arr = decode_section(codec, hdr.data, self.dtype, shape)
+                (buf.v if comp == "v" else buf.k)[rows] = arr
+                have[block] = True
+            buf.digests[(comp, block)] = hdr.digest
+        except (VerificationError, ValueError) as exc:
+            st.rejected += 1
+            log.warning("discarding object %d/%d of %s: %s", layer, block,
+                        self.tracks[comp], exc)
+            return
+        st.objects += 1
+        st.bytes += len(obj.payload)
+        if buf.complete():
+            self.ready.set()
+
+    def _confirm(self, layer: int) -> bool:
+        """With authenticity required, check the layer's digests against the signed list."""
+        if not self.signed_digests:
+            return True
+        seg = self.manifest.segment(self.seg.segment)
+        if seg is None or seg.object_digests is None:
+            return False
+        buf = self.bufs[layer]
+        for comp, name in self.tracks.items():
+            groups = seg.object_digests.get(name)
+            if groups is None or layer >= len(groups):
+                return False  # not listed yet: wait for a newer manifest version
+            listed = groups[layer]
+            for b in range(self.n):
+                if bytes.fromhex(listed[b]) != buf.digests.get((comp, b)):
+                    # not the signed object: drop it so that recovery fetches it again
+                    if comp in ("k", "kv"):
+                        buf.have_k[b] = False
+                    if comp in ("v", "kv"):
+                        buf.have_v[b] = False
+                    self.c.stats.rejected += 1
+                    return False
+        return True
+
+    def pop_ready(self) -> list[KvLayer]:
+        """Layers that are complete and next in order."""
+        out: list[KvLayer] = []
+        while self.next_yield < self.layers.stop:
+            buf = self.bufs.get(self.next_yield)
+            if buf is None or not buf.complete() or not self._confirm(self.next_yield):
+                break
+            del self.bufs[self.next_yield]
+            self.done_layers.add(self.next_yield)
+            out.append(KvLayer(self.next_yield, buf.k, buf.v, self.n))
+            if self.c.on_progress is not None:
+                self.c.on_progress("layer", self.next_yield, self.layers.stop)
+            self.next_yield += 1
+        return out
+
+    def missing(self) -> dict[int, list[int]]:
+        """Blocks still missing per layer (layers not yet yielded)."""
+        out: dict[int, list[int]] = {}
+        for layer in range(self.next_yield, self.layers.stop):
+            buf = self.bufs.get(layer)
+            if buf is None:
+                out[layer] = list(range(self.n))
+            else:
+                miss = np.flatnonzero(~(buf.have_k & buf.have_v)).tolist()
+                if miss or not self._confirm(layer):
+                    out[layer] = miss or list(range(self.n))
+        return out
+
+    # -- transfer --------------------------------------------------------------------
+
+    async def run(self, alternates: Sequence[Publication]) -> AsyncIterator[KvLayer]:
+        seg_complete = self.seg.complete
+        ep = self.c.endpoint
+        queue: asyncio.Queue[tuple[str, ReceivedObject] | None] = asyncio.Queue()
+        tasks: list[asyncio.Task[None]] = []
+        if self.signed_digests and not seg_complete:
+            tasks.append(asyncio.create_task(self._follow_manifest(ep, queue)))
+        feeders = [asyncio.create_task(self._feed(ep, comp, name, seg_complete, queue))
+                   for comp, name in self.tracks.items()]
+        tasks.extend(feeders)
+        running = len(feeders)
+        try:
+            while running and self.next_yield < self.layers.stop:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                    continue
+                if item[0]:
+                    self.accept(*item)
+                if self.ready.is_set():
+                    self.ready.clear()
+                    for layer in self.pop_ready():
+                        yield layer
+            for layer in self.pop_ready():
+                yield layer
+            # recovery of whatever is still missing
+            deadline = time.monotonic() + self.c.recompute_budget_s
+            sources: list[tuple[Endpoint, Publication]] = [(e, self.pub)
+                                                           for e in self.c.endpoints]
+            if self.manifest.deterministic:
+                sources += [(e, p) for p in alternates for e in self.c.endpoints]
+            for src_ep, src_pub in sources:
+                missing = self.missing()
+                if not missing or time.monotonic() > deadline:
+                    break
+                if src_pub is not self.pub and not await self._deterministic(src_ep, src_pub):
+                    continue
+                self.c.stats.retries += 1
+                log.info("recovering %d incomplete layer(s) from %s", len(missing), src_pub.namespace.publication_id.hex()[:8])
+                await self._recover(src_ep, src_pub, missing, deadline)
+                for layer in self.pop_ready():
+                    yield layer
+            missing = self.missing()
+            if missing:
+                raise RecomputeRequired(missing, self.next_yield - self.layers.start,
+                                        "objects missing or failed verification")
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _deterministic(self, ep: Endpoint, pub: Publication) -> bool:
+        try:
+            m = await self.c.manifest(pub, ep)
+        except (KvcsError, MoqtRequestError) as exc:
+            log.info("alternate publication unusable: %s", exc)
+            return False
+        return m.deterministic and self.manifest.deterministic
+
+    def _fetch_params(self, ep: Endpoint, n: int) -> tuple[RangeFilter, ...]:
+        if n < self.seg.blocks and ep.peer_max_filter_ranges > 0:
+            return (RangeFilter(OBJECTID_FILTER, 0, ((0, n - 1),)),)
+        return ()
+
+    async def _feed(self, ep: Endpoint, comp: str, name: str, completed: bool,
+                    queue: asyncio.Queue[tuple[str, ReceivedObject] | None]) -> None:
+        try:
+            if completed:
+                await self._fetch_layers(ep, self.pub, comp, name, self.layers, queue)
+            else:
+                sub = await ep.subscribe(
+                    self.pub.fields, name.encode(),
+                    location_filter=LocationFilter.next_object(),
+                    fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
+                    priority=0)
+                try:
+                    async for obj in sub:
+                        queue.put_nowait((comp, obj))
+                finally:
+                    if not sub.finished:
+                        await sub.cancel()
+        except (MoqtRequestError, ConnectionError) as exc:
+            log.warning("retrieval of %s failed: %s", name, exc)
+        finally:
+            queue.put_nowait(None)
+
+    async def _fetch_layers(self, ep: Endpoint, pub: Publication, comp: str, name: str,
+                            layers: range | Sequence[int],
+                            queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None,
+                            ) -> None:
+        rf = self._fetch_params(ep, self.n)
+        lay = list(layers)
+        if not lay:
+            return
+        spans: list[tuple[int, int]] = []
+        start = prev = lay[0]
+        for x in lay[1:]:
+            if x != prev + 1:
+                spans.append((start, prev))
+                start = x
+            prev = x
+        spans.append((start, prev))
+        for a, b in spans:
+            try:
+                res = await ep.fetch(pub.fields, name.encode(),
+                                     location_filter=LocationFilter.absolute_group_end(a, 0, b - a),
+                                     range_filters=rf)
+                await self._drain_fetch(res, comp, queue)
+            except MoqtRequestError as exc:
+                if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
+                                              RequestErrorCode.INVALID_RANGE,
+                                              RequestErrorCode.INTERNAL_ERROR):
+                    raise
+                # relays that refuse multi-group FETCH: one FETCH per layer
+                for g in range(a, b + 1):
+                    res = await ep.fetch(pub.fields, name.encode(),
+                                         location_filter=LocationFilter.absolute_group_end(g, 0, 0),
+                                         range_filters=rf)
+                    await self._drain_fetch(res, comp, queue)
+
+    async def _drain_fetch(self, res: object, comp: str,
+                           queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None) -> None:
+        async for obj in res:  # type: ignore[attr-defined]
+            if queue is not None:
+                queue.put_nowait((comp, obj))
+            else:
+                self.accept(comp, obj)
+
+    async def _recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
+                       deadline: float) -> None:
+        layers = sorted(missing)
+        for comp, name in self.tracks.items():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(
+                    self._fetch_layers(ep, pub, comp, name, layers, None), left)
+            except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
+                log.info("recovery fetch of %s failed: %s", name, exc)
+
+    async def _follow_manifest(
+        self, ep: Endpoint, queue: asyncio.Queue[tuple[str, ReceivedObject] | None]
+    ) -> None:
+        """Follow newer manifest versions (their object_digests confirm layers)."""
+        name = TrackName.manifest(cose=True).to_bytes()
+        try:
+            sub = await ep.subscribe(self.pub.fields, name,
+                                     location_filter=LocationFilter.next_object(),
+                                     fill=Parameters(location_filter=LocationFilter.relative_start(1)))
+            async for obj in sub:
+                if obj.status != ObjectStatus.NORMAL:
+                    continue
+                try:
+                    m = self.c._check_manifest(self.pub, bytes(obj.payload), True)
+                except (KvcsError, ValueError) as exc:
+                    log.warning("discarding manifest version: %s", exc)
+                    continue
+                self.manifest = m
+                self.ready.set()
+                queue.put_nowait(("", obj))  # wake the assembler
+        except (MoqtRequestError, ConnectionError) as exc:
+            log.info("manifest follow ended: %s", exc)

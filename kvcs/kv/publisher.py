@@ -1,0 +1,374 @@
+"""The KVCS publisher: stream a KV cache layer by layer as it is computed.
+
+Embed it in a prefill worker::
+
+    pub = KvPublisher(endpoint, scope, descriptor, tokens)
+    await pub.start()                       # PUBLISH_NAMESPACE + manifest version 0
+    for layer in range(L):
+        k, v = run_layer(layer)             # numpy [tokens, kv_heads, head_dim]
+        await pub.put_layer(layer, k, v)    # block objects, End of Group, back-pressure
+    await pub.finish()                      # End of Track, final manifest
+
+Mapping (kvcs-draft "Object Model Mapping"): Track Namespace ("kvcs-1", ScopeID, CompatID,
+AnchorKey, PublicationID); tracks ``k.<codec>.sN`` / ``v.<codec>.sN`` (and optionally a
+joint ``kv.<codec>.sN``); Group = layer; Object = block index within the segment;
+Subgroup 0 in ascending Object order; End of Group after each layer, End of Track after
+the last; Publisher Priority floor(128*g/L) (manifest: 0); no delivery timeouts;
+MAX_CACHE_DURATION from the retention setting. A manifest version (Object 0 of a new
+Group of ``manifest`` or, with a producer key, ``manifest.cose``) is published at start,
+at least every ``manifest_every`` completed layers, and whenever a segment is added or
+completes; it carries ``object_digests`` for every completed layer.
+
+Appended tokens (or chunked prefill: one segment per pass) become segments ``.s1``,
+``.s2`` ... with their own tracks. An error stops the publication; publish again with a
+new :class:`KvPublisher` (new Publication ID).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..moqt.track import Track
+from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
+from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
+from .codecs import codec_value, encode_kv, encode_section
+from .cose import ProducerKey, sign_manifest
+from .errors import KvcsError
+from .ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, new_publication_id, scope_id
+from .manifest import Manifest, Segment
+from .payload import build_payload
+from .tracks import TrackName
+
+log = logging.getLogger(__name__)
+
+
+class PublishTarget(Protocol):
+    """Where a publisher puts its tracks: an :class:`~kvcs.endpoint.Endpoint` connected to a
+    relay, or a :class:`~kvcs.hosting.TrackHost` serving consumers directly."""
+
+    def create_track(self, namespace: TrackNamespace, name: bytes,
+                     properties: Properties = ()) -> Track: ...
+
+    def publish(self, track: Track, group_id: int, object_id: int,
+                payload: bytes | memoryview, *, status: int = ...,
+                priority: int | None = ..., subgroup_id: int = ...,
+                properties: Properties = ...) -> None: ...
+
+    async def announce(self, namespace: TrackNamespace,
+                       params: Parameters | None = None) -> None: ...
+
+    def withdraw(self, namespace: TrackNamespace) -> None: ...
+
+    async def drain(self, limit: int = ...) -> None: ...
+
+
+class PublicationError(KvcsError):
+    """The publication cannot continue (bad input, size limits, wrong order)."""
+
+
+@dataclass
+class PublisherOptions:
+    """Publisher settings.
+
+    ``codec``: codec of the ``k``/``v`` tracks (``raw`` keeps the KVSP layer digest
+    property). ``joint_codec``: also offer a ``kv.<codec>`` track (e.g. ``q8``, ``zstd``).
+    ``retention_s``: MAX_CACHE_DURATION of every track (None: unlimited).
+    ``producer_key``: sign manifests (``manifest.cose``). ``hex_namespace``: the opt-in
+    UTF-8-safe namespace encoding for relays that accept only UTF-8 fields (both ends must
+    select it). ``max_group_bytes``: refuse layers whose Group would exceed this (deployed
+    relays cap groups, e.g. 32 MiB).
+    """
+
+    codec: str = "raw"
+    joint_codec: str | None = None
+    retention_s: float | None = 3600.0
+    producer_key: ProducerKey | None = None
+    deterministic: bool = False
+    manifest_every: int = 8
+    hex_namespace: bool = False
+    max_group_bytes: int | None = None
+    drain_limit: int = 8 << 20
+    publication_id: bytes | None = None
+
+
+@dataclass
+class _SegmentState:
+    number: int
+    first_block: int
+    blocks: int
+    keys: list[bytes]
+    tracks: dict[str, Track] = field(default_factory=dict)  # track name -> track
+    digests: dict[str, list[list[str]]] = field(default_factory=dict)
+    layers_done: int = 0
+    next_layer: int = 0
+    complete: bool = False
+    since_manifest: int = 0
+
+
+class KvPublisher:
+    """Publishes one KV cache (one Publication) on a :class:`PublishTarget`."""
+
+    def __init__(
+        self,
+        endpoint: PublishTarget,
+        scope: ScopeKey,
+        descriptor: CompatDescriptor | dict,
+        tokens: Sequence[int] | np.ndarray,
+        options: PublisherOptions | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.options = options or PublisherOptions()
+        self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
+                           else CompatDescriptor.from_dict(descriptor))
+        self.scope = scope
+        d = self.descriptor
+        self.compat_id = d.compat_id
+        self._tokens = np.asarray(tokens, dtype=np.int64)
+        self._all_keys = block_keys(scope, self.compat_id, self._tokens, d.block_tokens)
+        if not self._all_keys:
+            raise PublicationError(
+                f"{len(self._tokens)} tokens make no complete block of {d.block_tokens}")
+        codec_value(self.options.codec)
+        if self.options.joint_codec is not None:
+            codec_value(self.options.joint_codec)
+        self.publication_id = self.options.publication_id or new_publication_id()
+        self.namespace = KvcsNamespace(scope_id(scope), self.compat_id, self._all_keys[-1],
+                                       self.publication_id)
+        self.fields = self.namespace.to_fields(hex_fields=self.options.hex_namespace)
+        self._segments: list[_SegmentState] = []
+        self._manifest_track: Track | None = None
+        self._manifest_version = 0
+        self._started = False
+        self._failed: str | None = None
+        self._add_segment_state(len(self._all_keys))
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def manifest_track_name(self) -> bytes:
+        """``manifest.cose`` with a producer key, else ``manifest``."""
+        return TrackName.manifest(cose=self.options.producer_key is not None).to_bytes()
+
+    @property
+    def segments(self) -> int:
+        """Number of segments so far."""
+        return len(self._segments)
+
+    def blocks(self, segment: int = 0) -> int:
+        """Complete blocks of a segment."""
+        return self._segments[segment].blocks
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _track_properties(self, priority: int) -> tuple[tuple[int, int | bytes], ...]:
+        props: list[tuple[int, int | bytes]] = []
+        if self.options.retention_s is not None:
+            props.append((MAX_CACHE_DURATION, int(self.options.retention_s * 1000)))
+        props.append((DEFAULT_PUBLISHER_PRIORITY, priority))
+        return tuple(props)
+
+    def _data_track_names(self, segment: int) -> list[str]:
+        o = self.options
+        names = [TrackName.data("k", o.codec, segment).format(),
+                 TrackName.data("v", o.codec, segment).format()]
+        if o.joint_codec is not None:
+            names.append(TrackName.data("kv", o.joint_codec, segment).format())
+        return names
+
+    def _add_segment_state(self, total_blocks: int) -> _SegmentState:
+        first = sum(s.blocks for s in self._segments)
+        n = total_blocks - first
+        seg = _SegmentState(len(self._segments), first, n, self._all_keys[first:total_blocks])
+        for name in self._data_track_names(seg.number):
+            seg.tracks[name] = self.endpoint.create_track(self.fields, name.encode(),
+                                                         self._track_properties(0))
+            seg.digests[name] = []
+        self._segments.append(seg)
+        return seg
+
+    async def start(self) -> None:
+        """Announce the namespace (PUBLISH_NAMESPACE) and publish manifest version 0."""
+        if self._started:
+            return
+        self._manifest_track = self.endpoint.create_track(
+            self.fields, self.manifest_track_name, self._track_properties(0))
+        self._publish_manifest()
+        await self.endpoint.announce(self.fields)
+        self._started = True
+        log.info("publishing %s (%d blocks, %d layers)", self.publication_id.hex(),
+                 self._segments[0].blocks, self.descriptor.layers)
+
+    def add_segment(self, tokens: Sequence[int] | np.ndarray) -> int:
+        """Append tokens (the full context grows to include them); returns the new
+        segment number. Only complete blocks are published; the new segment covers the
+        blocks the earlier segments did not."""
+        self._check_ok()
+        new = np.asarray(tokens, dtype=np.int64)
+        self._tokens = np.concatenate([self._tokens, new])
+        keys = block_keys(self.scope, self.compat_id, self._tokens,
+                          self.descriptor.block_tokens)
+        if len(keys) <= len(self._all_keys):
+            raise PublicationError("the appended tokens complete no new block")
+        self._all_keys = keys
+        seg = self._add_segment_state(len(keys))
+        self._publish_manifest()
+        return seg.number
+
+    # ------------------------------------------------------------------ layers
+
+    def _check_ok(self) -> None:
+        if self._failed is not None:
+            raise PublicationError(f"publication stopped: {self._failed}")
+
+    def _fail(self, reason: str) -> PublicationError:
+        self._failed = reason
+        return PublicationError(reason)
+
+    async def put_layer(self, layer: int, k: np.ndarray, v: np.ndarray, segment: int = 0) -> None:
+        """Publish layer ``layer`` of a segment: K and V as [tokens, kv_heads, head_dim].
+
+        ``tokens`` must be at least the segment's blocks x block_tokens (extra trailing
+        tokens, a partial block, are ignored). Layers of a segment go in order 0..L-1.
+        Waits for the send queue to drain below ``options.drain_limit`` (back-pressure).
+        """
+        self._check_ok()
+        if not self._started:
+            await self.start()
+        if not 0 <= segment < len(self._segments):
+            raise PublicationError(f"no segment {segment}")
+        seg = self._segments[segment]
+        d = self.descriptor
+        if layer != seg.next_layer:
+            raise PublicationError(f"segment {segment}: expected layer {seg.next_layer}, "
+                                   f"got {layer}")
+        B = d.block_tokens
+        need = seg.blocks * B
+        for name, arr, shape in (("K", k, d.k_shape()), ("V", v, d.v_shape())):
+            if arr.ndim != 3 or arr.shape[1:] != shape[1:] or arr.shape[0] < need:
+                raise PublicationError(
+                    f"layer {layer} {name} has shape {arr.shape}, expected "
+                    f"[>= {need}, {shape[1]}, {shape[2]}]")
+            if arr.dtype != d.dtype:
+                raise PublicationError(f"layer {layer} {name} dtype {arr.dtype}, "
+                                       f"descriptor says {d.dtype_name}")
+        self._publish_layer(seg, layer, k, v)
+        await self.endpoint.drain(self.options.drain_limit)
+
+    def _publish_layer(self, seg: _SegmentState, layer: int, k: np.ndarray,
+                       v: np.ndarray) -> None:
+        d = self.descriptor
+        o = self.options
+        B = d.block_tokens
+        L = d.layers
+        prio = math.floor(128 * layer / L)
+        names = self._data_track_names(seg.number)
+        token0 = seg.first_block * B
+        comps: list[tuple[str, str, np.ndarray | None]] = [
+            ("k", names[0], k), ("v", names[1], v)]
+        if o.joint_codec is not None:
+            comps.append(("kv", names[2], None))
+        ep = self.endpoint
+        for comp, name, arr in comps:
+            track = seg.tracks[name]
+            codec = o.codec if comp != "kv" else o.joint_codec
+            assert codec is not None
+            digests: list[str] = []
+            group_bytes = 0
+            for b in range(seg.blocks):
+                lo = b * B
+                if arr is not None:
+                    data = encode_section(codec, np.ascontiguousarray(arr[lo:lo + B]))
+                else:
+                    data = encode_kv(codec, np.ascontiguousarray(k[lo:lo + B]),
+                                     np.ascontiguousarray(v[lo:lo + B]))
+                header, body = build_payload(comp, layer, b, token0 + lo, B, codec, data)
+                payload = b"".join((header, body))
+                group_bytes += len(payload)
+                if o.max_group_bytes is not None and group_bytes > o.max_group_bytes:
+                    raise self._fail(
+                        f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
+                        "limit of the relay: use a smaller segment")
+                digests.append(header[36:68].hex())
+                ep.publish(track, layer, b, payload, priority=prio)
+            ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
+                       priority=prio)
+            if layer == L - 1:
+                ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
+                           priority=prio)
+            seg.digests[name].append(digests)
+        seg.next_layer = layer + 1
+        seg.layers_done += 1
+        seg.since_manifest += 1
+        if seg.layers_done == L:
+            seg.complete = True
+            self._publish_manifest()
+        elif seg.since_manifest >= max(1, o.manifest_every):
+            self._publish_manifest()
+
+    # ------------------------------------------------------------------ manifest
+
+    def manifest(self) -> Manifest:
+        """The current manifest (as it would be published now)."""
+        segs = [
+            Segment(
+                segment=s.number,
+                first_block=s.first_block,
+                blocks=s.blocks,
+                block_keys_sha256=_sha256_hex(s.keys),
+                tracks=list(s.tracks),
+                complete=s.complete,
+                object_digests={n: [list(g) for g in gs] for n, gs in s.digests.items()},
+            )
+            for s in self._segments
+        ]
+        return Manifest.for_descriptor(self.descriptor, deterministic=self.options.deterministic,
+                                       segments=segs)
+
+    def _publish_manifest(self) -> None:
+        track = self._manifest_track
+        if track is None:
+            return  # published by start()
+        for s in self._segments:
+            s.since_manifest = 0
+        body = self.manifest().to_json_bytes()
+        key = self.options.producer_key
+        payload = sign_manifest(body, key) if key is not None else body
+        group = self._manifest_version
+        self._manifest_version += 1
+        self.endpoint.publish(track, group, 0, payload, priority=0)
+        self.endpoint.publish(track, group, 1, b"", status=ObjectStatus.END_OF_GROUP, priority=0)
+
+    async def finish(self) -> None:
+        """End the manifest track (the publication is complete) and flush."""
+        self._check_ok()
+        if any(not s.complete for s in self._segments):
+            raise PublicationError("finish() before every segment has all its layers")
+        track = self._manifest_track
+        if track is not None and track.end_of_track is None:
+            g = self._manifest_version - 1
+            self.endpoint.publish(track, g, 2, b"", status=ObjectStatus.END_OF_TRACK, priority=0)
+        await self.endpoint.drain(0)
+
+    def withdraw(self) -> None:
+        """Withdraw the namespace (the relay keeps completed tracks in its cache)."""
+        self.endpoint.withdraw(self.fields)
+
+    @staticmethod
+    def params() -> Parameters:
+        """Parameters a publisher would send (none beyond auth, kept for symmetry)."""
+        return Parameters()
+
+
+def _sha256_hex(keys: Sequence[bytes]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(k)
+    return h.hexdigest()
