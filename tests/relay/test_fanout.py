@@ -42,7 +42,7 @@ async def test_fanout_one_publisher_eight_subscribers(env: Env) -> None:
     assert pub.server.objects_sent == track.count - 1
     assert relay.metrics.get("kvcs_relay_cache_misses_total") == 1
     assert relay.metrics.get("kvcs_relay_objects_in_total") == track.count - 1
-    n_out, b_out = relay.objects_out()
+    _n_out, b_out = relay.objects_out()
     assert b_out == 8 * 60 * 2048
 
 

@@ -1,0 +1,129 @@
+"""Relay throughput: one subscriber through the relay vs direct, and fan-out 1 -> 8.
+
+The relay runs as its own process (``python -m kvcs relay``), as deployed; publisher and
+subscribers share this process. 32 KiB objects, 64 per group, QuicSettings.loopback().
+Run: ``.venv/bin/python -m bench.bench_relay``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
+from kvcs.transport import QuicSettings, ensure_dev_certificate
+
+OBJECT_SIZE = 32 * 1024
+PER_GROUP = 64
+NS = (b"kvcs-1", b"\x42" * 16)
+SETTINGS = QuicSettings.loopback()
+WHOLE = Parameters(location_filter=LocationFilter.none())
+
+
+async def _produce(pub: Endpoint, track: Any, groups: int, flush_ep: Endpoint) -> None:
+    payload = memoryview(bytes(OBJECT_SIZE))
+    for g in range(groups):
+        for o in range(PER_GROUP):
+            pub.publish(track, g, o, payload)
+        flush_ep.schedule_flush()
+        await flush_ep.drain(8 << 20)
+    pub.publish(track, groups, 0, b"", status=ObjectStatus.END_OF_TRACK)
+    flush_ep.schedule_flush()
+
+
+async def _consume(sub_ep: Endpoint, name: bytes) -> int:
+    sub = await sub_ep.subscribe(NS, name, location_filter=LocationFilter.next_object(),
+                                 fill=WHOLE)
+    n = 0
+    async for obj in sub:
+        n += len(obj.payload)
+    return n
+
+
+async def direct(cafile: str, groups: int) -> float:
+    """Publisher endpoint serving the subscriber directly; MiB/s."""
+    eps: list[Endpoint] = []
+    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=cafile.replace(
+        "dev-cert.pem", "dev-cert.pem"), keyfile=cafile.replace("dev-cert", "dev-key"),
+        settings=SETTINGS)
+    try:
+        sub_ep = await Endpoint.connect(f"moqt://127.0.0.1:{server.port}/", cafile=cafile,
+                                        settings=SETTINGS)
+        srv_ep = eps[-1]
+        track = srv_ep.create_track(NS, b"direct")
+        consumer = asyncio.create_task(_consume(sub_ep, b"direct"))
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        await _produce(srv_ep, track, groups, srv_ep)
+        n = await consumer
+        dt = time.perf_counter() - t0
+        sub_ep.close()
+        await sub_ep.wait_closed()
+    finally:
+        await server.aclose()
+    return n / dt / 2**20
+
+
+async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
+                    name: bytes) -> float:
+    """Publisher -> relay -> N subscribers; aggregate subscriber MiB/s."""
+    url = f"moqt://127.0.0.1:{port}/"
+    pub = await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+    await pub.announce(NS)
+    track = pub.create_track(NS, name)
+    subs = [await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+            for _ in range(subscribers)]
+    consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
+    await asyncio.sleep(0.2)
+    t0 = time.perf_counter()
+    await _produce(pub, track, groups, pub)
+    total = sum(await asyncio.gather(*consumers))
+    dt = time.perf_counter() - t0
+    for ep in [pub, *subs]:
+        ep.close()
+    for ep in [pub, *subs]:
+        await ep.wait_closed()
+    return total / dt / 2**20
+
+
+def _start_relay(tmp: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
+         "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    port = int(line.split()[4].rpartition(":")[2])
+    proc.stdout.readline()  # fingerprint
+    return proc, port
+
+
+def main(groups: int = 40) -> dict[str, float]:
+    """Print and return the relay figures (MiB/s and ratio)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cert = ensure_dev_certificate(tmp)
+        cafile = str(cert.certfile)
+        proc, port = _start_relay(tmp)
+        try:
+            d = asyncio.run(direct(cafile, groups))
+            r = asyncio.run(via_relay(port, cafile, groups, 1, b"one"))
+            f = asyncio.run(via_relay(port, cafile, max(groups // 2, 8), 8, b"fan"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    res = {"direct_mib_s": round(d, 1), "relay_1sub_mib_s": round(r, 1),
+           "relay_ratio": round(r / d, 3), "fanout_8_egress_mib_s": round(f, 1)}
+    print(f"relay bench ({OBJECT_SIZE // 1024} KiB objects, {PER_GROUP}/group, loopback): "
+          f"direct {d:.1f} MiB/s, via relay {r:.1f} MiB/s (ratio {r / d:.2f}, target >= 0.7); "
+          f"fan-out 1->8 aggregate relay egress {f:.1f} MiB/s")
+    return res
+
+
+if __name__ == "__main__":
+    main()

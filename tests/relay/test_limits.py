@@ -1,0 +1,139 @@
+"""Eviction (age, bytes), resource limits and hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvcs.endpoint import MoqtRequestError
+from kvcs.moqt.errors import RequestErrorCode, SessionCode
+from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectStatus
+
+from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group, until
+
+NS = (b"kvcs-1", b"\xaa" * 16)
+
+
+async def _complete_track(env: Env, relay, pub, name: bytes, groups: int = 2,  # type: ignore[no-untyped-def]
+                          per_group: int = 8, props=()) -> None:  # type: ignore[no-untyped-def]
+    track = pub.create_track(NS, name, props)
+    for g in range(groups):
+        publish_group(pub, track, g, per_group, size=4096)
+    end_track(pub, track, groups)
+    c = await env.client(relay)
+    res = await c.fetch(NS, name, location_filter=LocationFilter.none())
+    assert len(await res.collect(timeout=5)) == groups * per_group
+    await until(lambda: (relay.cache.get((NS, name)) is not None
+                         and relay.cache.get((NS, name)).complete))
+
+
+async def test_eviction_by_age(env: Env) -> None:
+    relay = await env.relay(sweep_interval=0.05)
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    await _complete_track(env, relay, pub, b"short", props=((MAX_CACHE_DURATION, 300),))
+    await _complete_track(env, relay, pub, b"long", props=((MAX_CACHE_DURATION, 60000),))
+    assert relay.cache.get((NS, b"short")).max_cache_duration_ms == 300
+    await until(lambda: relay.cache.get((NS, b"short")) is None, timeout=3)
+    assert relay.cache.get((NS, b"long")) is not None
+    assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="age") == 1
+    assert relay.cache.bytes == relay.cache.get((NS, b"long")).bytes
+
+
+async def test_eviction_by_bytes_lru(env: Env) -> None:
+    budget = 150 * 1024
+    relay = await env.relay(cache_bytes=budget)
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    await _complete_track(env, relay, pub, b"t1")  # 64 KiB each
+    await _complete_track(env, relay, pub, b"t2")
+    assert relay.cache.bytes == 2 * 64 * 1024
+    # use t1 again (LRU), then a third track pushes the least recently used (t2) out
+    c = await env.client(relay)
+    res = await c.fetch(NS, b"t1", location_filter=LocationFilter.absolute_range(0, 0, 0, 1))
+    await res.collect(timeout=5)
+    await _complete_track(env, relay, pub, b"t3")
+    assert relay.cache.bytes <= budget
+    assert relay.cache.get((NS, b"t2")) is None
+    assert relay.cache.get((NS, b"t1")) is not None
+    assert relay.cache.get((NS, b"t3")) is not None
+    assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="bytes") == 1
+    assert relay.metrics.get("kvcs_relay_cache_bytes") == relay.cache.bytes
+
+
+async def test_too_many_fetches_is_excessive_load(env: Env) -> None:
+    relay = await env.relay(max_fetches_per_session=2)
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    publish_group(pub, track, 0, 4)
+    c = await env.client(relay)
+    results = await asyncio.gather(
+        *(c.fetch(NS, b"t", location_filter=LocationFilter.none()) for _ in range(3)),
+        return_exceptions=True)
+    errors = [r for r in results if isinstance(r, MoqtRequestError)]
+    assert len(errors) == 1 and errors[0].code == RequestErrorCode.EXCESSIVE_LOAD
+    assert errors[0].retry_interval > 0
+
+
+async def test_malformed_bytes_close_only_that_session(env: Env) -> None:
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    good = await env.client(relay)
+    sub = await good.subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
+    task = asyncio.create_task(sub.collect(timeout=8))
+    bad = await env.client(relay)
+    quic = bad.conn._quic
+    sid = quic.get_next_available_stream_id(False)
+    # SUBSCRIBE type with a length that runs past garbage, then FIN
+    quic.send_stream_data(sid, b"\x03\x00\x05\xff\xff\xff\xff\xff", end_stream=True)
+    bad.conn.transmit()
+    code, _ = await asyncio.wait_for(bad.wait_closed(), 5)
+    assert code == SessionCode.PROTOCOL_VIOLATION
+    # a second hostile client: a data stream for an unknown alias is just ignored,
+    # a second SETUP is a protocol violation
+    bad2 = await env.client(relay)
+    ctrl = bad2.session._control
+    bad2.conn._quic.send_stream_data(ctrl, b"\x2f\x00\x00\x01\x00")  # SETUP again
+    bad2.conn.transmit()
+    code2, _ = await asyncio.wait_for(bad2.wait_closed(), 5)
+    assert code2 == SessionCode.PROTOCOL_VIOLATION
+    # the others continue undisturbed
+    for g in range(3):
+        publish_group(pub, track, g, 4)
+    end_track(pub, track, 3)
+    got = [o for o in await task if o.status == ObjectStatus.NORMAL]
+    assert len(got) == 12
+    assert not pub.is_closed and not good.is_closed
+
+
+async def test_immutability_violation_closes_the_publisher(env: Env) -> None:
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    c = await env.client(relay)
+    sub = await c.subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
+    task = asyncio.create_task(sub.collect(timeout=8))
+    publish_group(pub, track, 0, 4, end_of_group=False)
+    cached = relay.cache.get((NS, b"t"))
+    await until(lambda: cached.get(Location(0, 3)) is not None)
+    # the publisher sends a different payload at 0/1 on a second subgroup stream
+    (rid,) = list(pub.server._subs)
+    s = pub.session
+    sid = s.open_subgroup(rid, 0, 1, 128)
+    s.write_object(sid, 1, b"EVIL" * 100)
+    pub.flush()
+    code, _ = await asyncio.wait_for(pub.wait_closed(), 5)
+    assert code == SessionCode.PROTOCOL_VIOLATION
+    got = await task
+    assert all(bytes(o.payload) == payload(o.group_id, o.object_id, 2048) for o in got)
+    assert sub.done is not None and sub.done.status in (0x0, 0x4)  # INTERNAL / GOING_AWAY
+    assert relay.metrics.get("kvcs_relay_protocol_errors_total") == 1
+    assert relay.cache.get((NS, b"t")) is None  # incomplete: dropped
+    # the subscriber's session is fine
+    with pytest.raises(MoqtRequestError):
+        await c.subscribe(NS, b"t")  # no publisher any more -> DOES_NOT_EXIST
