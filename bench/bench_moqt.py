@@ -37,8 +37,11 @@ SETTINGS: dict[str, QuicSettings] = {
 
 
 async def moqt_goodput(settings: QuicSettings, groups: int = 40,
-                       scheme: str = "moqt") -> float:
-    """Publish ``groups`` x 64 x 32 KiB objects to one subscriber; return goodput MiB/s."""
+                       scheme: str = "moqt", client_publishes: bool = True) -> float:
+    """Publish ``groups`` x 64 x 32 KiB objects to one subscriber; return goodput MiB/s.
+
+    ``client_publishes`` (default) sends client -> server like the raw benchmark.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
         eps: list[Endpoint] = []
@@ -50,9 +53,14 @@ async def moqt_goodput(settings: QuicSettings, groups: int = 40,
                                             pin_sha256=cert.sha256, settings=settings)
             while not eps or eps[-1].peer_setup is None:
                 await asyncio.sleep(0.001)
-            pub = eps[-1]
+            peer = eps[-1]
+            # same direction as the raw benchmark (client -> server): the client publishes
+            # and the server-side endpoint subscribes to it
+            pub = sub_ep if client_publishes else peer
+            subscriber = peer if client_publishes else sub_ep
             track = pub.create_track(NS, b"t")
-            sub = await sub_ep.subscribe(NS, b"t", location_filter=LocationFilter.next_object())
+            sub = await subscriber.subscribe(NS, b"t",
+                                             location_filter=LocationFilter.next_object())
             payload = memoryview(bytes(range(256)) * (OBJECT_SIZE // 256))
             total = groups * PER_GROUP * OBJECT_SIZE
 
@@ -78,18 +86,24 @@ async def moqt_goodput(settings: QuicSettings, groups: int = 40,
     return total / MiB / elapsed
 
 
-def main(groups: int = 40) -> dict[str, dict[str, float]]:
-    """Print and return ``{settings name: {"moqt", "raw", "ratio"}}`` (MiB/s)."""
+def main(groups: int = 40, repeats: int = 3) -> dict[str, dict[str, float]]:
+    """Print and return ``{settings name: {"moqt", "raw", "ratio"}}`` (MiB/s).
+
+    MOQT and raw runs alternate ``repeats`` times per settings and the best of each is
+    kept: the machine is shared, single runs vary by +-30%.
+    """
     results: dict[str, dict[str, float]] = {}
     total = groups * PER_GROUP * OBJECT_SIZE
     for name, settings in SETTINGS.items():
-        moqt = asyncio.run(moqt_goodput(settings, groups))
-        raw = asyncio.run(raw_stream_throughput(settings, total))
+        moqt = raw = 0.0
+        for _ in range(repeats):
+            moqt = max(moqt, asyncio.run(moqt_goodput(settings, groups)))
+            raw = max(raw, asyncio.run(raw_stream_throughput(settings, total)))
         ratio = moqt / raw if raw else 0.0
         results[name] = {"moqt": moqt, "raw": raw, "ratio": ratio}
         print(f"MOQT goodput {name:8s} (max_datagram_size {settings.max_datagram_size:5d}): "
               f"{moqt:7.1f} MiB/s   raw QUIC uni stream {raw:7.1f} MiB/s   "
-              f"ratio {ratio:4.2f} (target >= 0.85)")
+              f"ratio {ratio:4.2f} (target >= 0.85, best of {repeats})")
     return results
 
 
