@@ -294,7 +294,18 @@ class Session:
         """Bytes (and possibly FIN) arrived on a stream."""
         if self.closed is not None:
             return
+        ds = self._data.get(stream_id)
         try:
+            if ds is not None and ds.request is not None and ds.held is None \
+                    and ds.parser is not None and not ds.abandoned:
+                # hot path: more bytes of a data stream already attributed to a request
+                items = ds.parser.feed(data)
+                if items:
+                    self._data_items(ds, items)
+                if end:
+                    ds.parser.finish()
+                    self._data_ended(ds, None)
+                return
             self._stream_data(stream_id, data, end)
         except ProtocolError as exc:
             self._fail(exc)
