@@ -441,3 +441,31 @@ def test_exactly_once_join_half_way(chunk: int | None) -> None:
     (done,) = of_type(evs, ev.SubscriptionEnded)
     ended = of_type(evs, ev.DataStreamEnded)
     assert done.message.stream_count == len(ended)
+
+
+def test_publish_done_and_fin_overtaking_the_fill_stream() -> None:
+    """PUBLISH_DONE + FIN arrive before the fill stream: the fill is still attributed and
+    counted (regression: the request was forgotten and the fill stream abandoned)."""
+    s = Served()
+    _fill(s.track, range(2), 3)
+    s.track.add(_obj(1, 3, status=ObjectStatus.END_OF_TRACK))
+    rid = s.p.client.subscribe(NS, b"t", Parameters(
+        location_filter=LocationFilter.next_object(),
+        fill=Parameters(location_filter=LocationFilter.none())))
+    s.p.pump()
+    for e in s.p.events(s.p.server):
+        if isinstance(e, ev.RequestReceived):
+            s.server.serve_subscribe(e.request_id, e.message, s.track)  # type: ignore[arg-type]
+    acts = s.p.server.actions()
+    bidi = [a for a in acts if getattr(a, "stream_id", 3) % 4 == 0]
+    uni = [a for a in acts if a not in bidi]
+    s.p._deliver(bidi, s.p.client, "client")
+    s.p._deliver(uni, s.p.client, "client")
+    s.p.pump()
+    evs = s.p.events(s.p.client)
+    assert locs(evs) == [L(0, 0), L(0, 1), L(0, 2), L(1, 0), L(1, 1), L(1, 2)]
+    assert {e.fill_id for e in of_type(evs, ev.ObjectReceived)} == {rid}
+    (done,) = of_type(evs, ev.SubscriptionEnded)
+    assert done.message.stream_count == 1
+    assert s.p.client.actions() == [] or not s.p.closed
+    assert rid not in s.p.client._requests  # forgotten once everything has ended
