@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m kvcs.demo
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench

@@ -19,6 +19,13 @@ Procedures (kvcs-draft "Consumer Procedures"):
   ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
   excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
   layer;
+* relay profiles (``relay_profile``): ``"kvcs"`` assumes a full draft-22 relay (the kvcs
+  relay) and falls back automatically where a request is refused (TRACK_STATUS ->
+  SUBSCRIBE's Largest Object, multi-group FETCH -> one FETCH per layer). ``"moq-dev"``
+  follows the limits of moq-dev/moq: no TRACK_STATUS, one group per FETCH, and fills only
+  inside the current group (a wider fill is accepted but silently delivers nothing), so a
+  live cache is SUBSCRIBEd with Next Object + a fill of the current group (Relative Start 1)
+  and the earlier layers are FETCHed one by one;
 * every object is verified (header, Location, SHA-256, and the signed ``object_digests``
   when authenticity is required); a bad object is discarded and treated as missing;
 * a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
@@ -41,7 +48,7 @@ import numpy as np
 
 from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
 from ..moqt.errors import RequestErrorCode
-from ..moqt.wire import LocationFilter, ObjectStatus, Parameters, RangeFilter
+from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
 from .codecs import codec_value, decode_kv, decode_section
 from .cose import Keyring, verify_manifest
 from .errors import KvcsError, ManifestError, SignatureError, VerificationError
@@ -53,6 +60,10 @@ from .tracks import TrackName
 log = logging.getLogger(__name__)
 
 OBJECTID_FILTER = 0x26
+
+#: Values of ``KvConsumer(relay_profile=...)``: what the relay between consumer and
+#: publisher supports (see the module docstring).
+RELAY_PROFILES = ("kvcs", "moq-dev")
 
 
 class RecomputeRequired(KvcsError):
@@ -133,6 +144,7 @@ class KvConsumer:
         recompute_budget_s: float = 10.0,
         discovery_timeout: float = 0.1,
         on_progress: Callable[[str, int, int], None] | None = None,
+        relay_profile: str = "kvcs",
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
         if not self.endpoints:
@@ -150,6 +162,10 @@ class KvConsumer:
         self.recompute_budget_s = recompute_budget_s
         self.discovery_timeout = discovery_timeout
         self.on_progress = on_progress
+        if relay_profile not in RELAY_PROFILES:
+            raise ValueError(f"relay_profile must be one of {RELAY_PROFILES}, "
+                             f"got {relay_profile!r}")
+        self.relay_profile = relay_profile
         self.compat_id = self.descriptor.compat_id
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
@@ -230,11 +246,10 @@ class KvConsumer:
         last_exc: Exception | None = None
         for name, signed in names:
             try:
-                status = await ep.track_status(pub.fields, name)
+                largest = await self._largest(ep, pub, name)
             except MoqtRequestError as exc:
                 last_exc = exc
                 continue
-            largest = status.params.largest_object
             if largest is None:
                 continue
             res = await ep.fetch(pub.fields, name, location_filter=LocationFilter.absolute_range(
@@ -245,6 +260,22 @@ class KvConsumer:
         if self.require_signed:
             raise SignatureError("the publication has no signed manifest (manifest.cose)")
         raise ManifestError(f"no manifest found ({last_exc})")
+
+    async def _largest(self, ep: Endpoint, pub: Publication, name: bytes) -> Location | None:
+        """Largest Object of a track: TRACK_STATUS, or (relays without TRACK_STATUS, e.g.
+        moq-dev/moq) the LARGEST_OBJECT of a SUBSCRIBE_OK that is cancelled at once."""
+        if self.relay_profile == "kvcs":
+            try:
+                status = await ep.track_status(pub.fields, name)
+                return status.params.largest_object
+            except MoqtRequestError as exc:
+                if exc.code != RequestErrorCode.NOT_SUPPORTED:
+                    raise
+                log.info("TRACK_STATUS refused (%s): using SUBSCRIBE_OK", exc)
+        sub = await ep.subscribe(pub.fields, name, location_filter=LocationFilter.next_object())
+        with contextlib.suppress(ConnectionError, KeyError, ValueError):
+            await sub.cancel()
+        return sub.largest
 
     def _check_manifest(self, pub: Publication, blob: bytes, signed: bool) -> Manifest:
         if signed:
@@ -490,7 +521,8 @@ class _Retrieval:
                 if src_pub is not self.pub and not await self._deterministic(src_ep, src_pub):
                     continue
                 self.c.stats.retries += 1
-                log.info("recovering %d incomplete layer(s) from %s", len(missing), src_pub.namespace.publication_id.hex()[:8])
+                log.info("recovering %d incomplete layer(s) from %s", len(missing),
+                         src_pub.namespace.publication_id.hex()[:8])
                 await self._recover(src_ep, src_pub, missing, deadline)
                 for layer in self.pop_ready():
                     yield layer
@@ -521,7 +553,11 @@ class _Retrieval:
     async def _feed(self, ep: Endpoint, comp: str, name: str, completed: bool,
                     queue: asyncio.Queue[tuple[str, ReceivedObject] | None]) -> None:
         try:
-            if completed:
+            if self.c.relay_profile == "moq-dev":
+                # live or completed: the relay FETCHes earlier groups upstream only while
+                # it holds a subscription, and serves the current group only through a fill
+                await self._follow_current_group(ep, comp, name, queue)
+            elif completed:
                 await self._fetch_layers(ep, self.pub, comp, name, self.layers, queue)
             else:
                 sub = await ep.subscribe(
@@ -540,6 +576,40 @@ class _Retrieval:
         finally:
             queue.put_nowait(None)
 
+    async def _follow_current_group(
+        self, ep: Endpoint, comp: str, name: str,
+        queue: asyncio.Queue[tuple[str, ReceivedObject] | None],
+    ) -> None:
+        """A live track behind a relay that fills only inside the current group: SUBSCRIBE
+        Next Object + a fill of the current group (Relative Start 1), and one FETCH per
+        layer before the current one, while the subscription runs. Overlaps are harmless
+        (duplicates are dropped); nothing is missed: the fill and the live part cover
+        {Largest.Group, 0} onwards, the FETCHes everything before."""
+        sub = await ep.subscribe(
+            self.pub.fields, name.encode(),
+            location_filter=LocationFilter.next_object(),
+            fill=Parameters(location_filter=LocationFilter.relative_start(1)),
+            priority=0)
+
+        async def relay_live() -> None:
+            async for obj in sub:
+                queue.put_nowait((comp, obj))
+
+        live = asyncio.create_task(relay_live())
+        try:
+            largest = sub.largest
+            if largest is not None:
+                past = [g for g in self.layers if g < largest.group]
+                await self._fetch_layers(ep, self.pub, comp, name, past, queue)
+            await live
+        finally:
+            live.cancel()
+            with contextlib.suppress(BaseException):
+                await live
+            if not sub.finished:
+                with contextlib.suppress(ConnectionError, KeyError, ValueError):
+                    await sub.cancel()
+
     async def _fetch_layers(self, ep: Endpoint, pub: Publication, comp: str, name: str,
                             layers: range | Sequence[int],
                             queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None,
@@ -556,6 +626,8 @@ class _Retrieval:
                 start = x
             prev = x
         spans.append((start, prev))
+        if self.c.relay_profile == "moq-dev":  # one group per FETCH
+            spans = [(g, g) for a, b in spans for g in range(a, b + 1)]
         for a, b in spans:
             try:
                 res = await ep.fetch(pub.fields, name.encode(),

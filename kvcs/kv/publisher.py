@@ -47,6 +47,8 @@ from .tracks import TrackName
 
 log = logging.getLogger(__name__)
 
+_PAYLOAD_HEADER = 68  # octets of the KVSP object header before the codec data
+
 
 class PublishTarget(Protocol):
     """Where a publisher puts its tracks: an :class:`~kvcs.endpoint.Endpoint` connected to a
@@ -81,8 +83,14 @@ class PublisherOptions:
     ``retention_s``: MAX_CACHE_DURATION of every track (None: unlimited).
     ``producer_key``: sign manifests (``manifest.cose``). ``hex_namespace``: the opt-in
     UTF-8-safe namespace encoding for relays that accept only UTF-8 fields (both ends must
-    select it). ``max_group_bytes``: refuse layers whose Group would exceed this (deployed
-    relays cap groups, e.g. 32 MiB).
+    select it). ``max_group_bytes`` / ``max_group_objects``: refuse layers whose Group would
+    exceed these (deployed relays cap groups: moq-dev/moq at 32 MiB and 8192 objects); with
+    the ``raw`` codec the size is checked when the segment is created, otherwise before the
+    first object of a layer is published. ``data_end_of_track``: end each data track with
+    End of Track after its last layer (the KVCS mapping). Set it to False behind relays that
+    forget a track once its upstream subscription ends, which makes earlier groups of a
+    completed track unfetchable (moq-dev/moq); the manifest's ``complete`` still marks the
+    end.
     """
 
     codec: str = "raw"
@@ -93,8 +101,10 @@ class PublisherOptions:
     manifest_every: int = 8
     hex_namespace: bool = False
     max_group_bytes: int | None = None
+    max_group_objects: int | None = None
     drain_limit: int = 8 << 20
     publication_id: bytes | None = None
+    data_end_of_track: bool = True
 
 
 @dataclass
@@ -185,12 +195,38 @@ class KvPublisher:
         first = sum(s.blocks for s in self._segments)
         n = total_blocks - first
         seg = _SegmentState(len(self._segments), first, n, self._all_keys[first:total_blocks])
+        self._check_group_limits(seg)
         for name in self._data_track_names(seg.number):
             seg.tracks[name] = self.endpoint.create_track(self.fields, name.encode(),
                                                          self._track_properties(0))
             seg.digests[name] = []
         self._segments.append(seg)
         return seg
+
+    def _check_group_limits(self, seg: _SegmentState) -> None:
+        """Refuse a segment whose Groups cannot fit the relay's caps (exact for ``raw``)."""
+        o = self.options
+        d = self.descriptor
+        objects = seg.blocks + 2  # blocks, End of Group, End of Track
+        if o.max_group_objects is not None and objects > o.max_group_objects:
+            raise PublicationError(
+                f"segment {seg.number}: {seg.blocks} blocks make groups of {objects} objects, "
+                f"over the relay's limit of {o.max_group_objects}: use smaller segments")
+        if o.max_group_bytes is None:
+            return
+        per_dim = d.block_tokens * d.kv_heads * d.dtype.itemsize  # raw octets per head dim
+        sizes = []
+        if o.codec == "raw":  # the larger of the K and V objects
+            sizes.append(_PAYLOAD_HEADER + per_dim * max(d.head_dim, d.v_head_dim))
+        if o.joint_codec == "raw":
+            sizes.append(_PAYLOAD_HEADER + per_dim * (d.head_dim + d.v_head_dim))
+        for size in sizes:
+            total = size * seg.blocks
+            if total > o.max_group_bytes:
+                raise PublicationError(
+                    f"segment {seg.number}: {seg.blocks} blocks make groups of {total} bytes, "
+                    f"over the relay's limit of {o.max_group_bytes} bytes: use smaller "
+                    "segments (fewer blocks per segment)")
 
     async def start(self) -> None:
         """Announce the namespace (PUBLISH_NAMESPACE) and publish manifest version 0."""
@@ -274,11 +310,13 @@ class KvPublisher:
         if o.joint_codec is not None:
             comps.append(("kv", names[2], None))
         ep = self.endpoint
+        # encode every Group of the layer first: a layer over the size cap publishes nothing
+        groups: list[tuple[str, list[bytes], list[str]]] = []
         for comp, name, arr in comps:
-            track = seg.tracks[name]
             codec = o.codec if comp != "kv" else o.joint_codec
             assert codec is not None
             digests: list[str] = []
+            payloads: list[bytes] = []
             group_bytes = 0
             for b in range(seg.blocks):
                 lo = b * B
@@ -295,10 +333,15 @@ class KvPublisher:
                         f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
                         "limit of the relay: use a smaller segment")
                 digests.append(header[36:68].hex())
+                payloads.append(payload)
+            groups.append((name, payloads, digests))
+        for name, payloads, digests in groups:
+            track = seg.tracks[name]
+            for b, payload in enumerate(payloads):
                 ep.publish(track, layer, b, payload, priority=prio)
             ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
                        priority=prio)
-            if layer == L - 1:
+            if layer == L - 1 and o.data_end_of_track:
                 ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
                            priority=prio)
             seg.digests[name].append(digests)

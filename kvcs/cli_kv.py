@@ -1,0 +1,377 @@
+"""``kvcs publish``, ``kvcs fetch`` and ``kvcs inspect``: the KVCS commands of the CLI.
+
+They connect to a relay (``--relay moqt://host:port/`` or ``https://...`` for
+WebTransport), identify the cache from a Compatibility Descriptor, token IDs and a scope
+key, and show progress per layer. User mistakes exit with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from .cli import UsageError, command
+
+log = logging.getLogger("kvcs")
+
+
+def _common(p: argparse.ArgumentParser, *, tokens: bool = True) -> None:
+    p.add_argument("--relay", required=True, metavar="URL",
+                   help="moqt://host:port/ (raw QUIC) or https://host:port/ (WebTransport)")
+    p.add_argument("--descriptor", required=tokens, metavar="JSON",
+                   help="Compatibility Descriptor file")
+    if tokens:
+        p.add_argument("--tokens", required=True, metavar="FILE",
+                       help="token IDs (.npy, .json or whitespace-separated text)")
+    p.add_argument("--scope-key", metavar="FILE",
+                   help="scope key file (32 raw bytes or 64 hex chars); "
+                        "default: $KVCS_SCOPE_KEY (hex)")
+    p.add_argument("--token", metavar="TOKEN", help="relay authorization token")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--cafile", metavar="PEM", help="trust this certificate (e.g. the "
+                     "relay's self-signed certs/dev-cert.pem)")
+    tls.add_argument("--pin", metavar="SHA256", help="accept exactly the certificate with "
+                     "this SHA-256 fingerprint (printed by `kvcs relay`)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="do not verify the relay certificate (testing only)")
+    p.add_argument("--hex-namespace", action="store_true",
+                   help="UTF-8-safe namespace encoding for relays that reject binary fields "
+                        "(a deviation from the KVCS document; both ends must use it)")
+    p.add_argument("--loopback", action="store_true",
+                   help="QUIC settings tuned for loopback (large datagrams)")
+    p.add_argument("--log-level", default="warning", metavar="LEVEL")
+
+
+def _scope(args: argparse.Namespace) -> Any:
+    from .kv.errors import DescriptorError
+    from .kv.ids import ScopeKey
+
+    try:
+        if args.scope_key:
+            return ScopeKey.from_file(args.scope_key)
+        return ScopeKey.from_env()
+    except (DescriptorError, ValueError, OSError) as exc:
+        raise UsageError(f"scope key: {exc}") from None
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    from .kv.files import FileFormatError, load_descriptor, load_tokens
+
+    try:
+        desc = load_descriptor(args.descriptor)
+        tokens = load_tokens(args.tokens) if getattr(args, "tokens", None) else None
+    except FileFormatError as exc:
+        raise UsageError(str(exc)) from None
+    return desc, tokens
+
+
+async def _connect(args: argparse.Namespace) -> Any:
+    from .endpoint import Endpoint
+    from .moqt.wire import AuthToken
+    from .transport import QuicSettings
+
+    tokens = ()
+    if args.token:
+        tokens = (AuthToken(3, token_type=0, value=args.token.encode()),)
+    settings = QuicSettings.loopback() if args.loopback else QuicSettings()
+    try:
+        return await Endpoint.connect(args.relay, settings=settings, verify=not args.insecure,
+                                      cafile=args.cafile, pin_sha256=args.pin,
+                                      auth_tokens=tokens)
+    except (ConnectionError, ValueError, OSError) as exc:
+        raise UsageError(f"cannot connect to {args.relay}: {exc}") from None
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=str(args.log_level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _progress(what: str, i: int, n: int, t0: float, nbytes: int | None = None) -> None:
+    rate = ""
+    if nbytes is not None:
+        dt = max(time.perf_counter() - t0, 1e-6)
+        rate = f", {nbytes / dt / 2**20:.1f} MiB/s"
+    print(f"  {what} layer {i + 1}/{n} ({time.perf_counter() - t0:.2f} s{rate})", flush=True)
+
+
+# ---------------------------------------------------------------------------- publish
+
+
+@command("publish")
+def _publish_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("publish", help="publish a KV cache from a file into a relay",
+                       description="Publish K/V arrays (.npz or .safetensors with 'k'/'v' "
+                                   "[layers, tokens, heads, dim] or 'k.N'/'v.N') as a KVCS "
+                                   "publication, layer by layer.")
+    _common(p)
+    p.add_argument("--kv", required=True, metavar="FILE", help=".npz or .safetensors")
+    p.add_argument("--joint-codec", choices=["q8", "zstd"],
+                   help="also offer a kv.<codec> track")
+    p.add_argument("--producer-key", metavar="PEM", help="sign manifests (manifest.cose)")
+    p.add_argument("--kid", default="producer", help="key id of --producer-key")
+    p.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
+                   help="MAX_CACHE_DURATION of the tracks (default 3600)")
+    p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
+                   help="stay connected this long after publishing so the relay can pull "
+                        "the tracks (default: until Ctrl-C)")
+    p.set_defaults(func=run_publish)
+    return p
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    """``kvcs publish``."""
+    from .kv.cose import ProducerKey
+    from .kv.files import FileFormatError, load_kv
+    from .kv.publisher import KvPublisher, PublicationError, PublisherOptions
+
+    _setup_logging(args)
+    desc, tokens = _load(args)
+    scope = _scope(args)
+    try:
+        ks, vs = load_kv(args.kv, desc)
+    except FileFormatError as exc:
+        raise UsageError(str(exc)) from None
+    key = None
+    if args.producer_key:
+        try:
+            key = ProducerKey.load(args.producer_key, args.kid)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"producer key: {exc}") from None
+
+    async def run() -> None:
+        ep = await _connect(args)
+        try:
+            opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
+                                    producer_key=key, hex_namespace=args.hex_namespace)
+            try:
+                pub = KvPublisher(ep, scope, desc, tokens, opts)
+            except PublicationError as exc:
+                raise UsageError(str(exc)) from None
+            await pub.start()
+            print(f"publication {pub.publication_id.hex()} ({pub.blocks()} blocks, "
+                  f"{desc.layers} layers)", flush=True)
+            t0 = time.perf_counter()
+            for i in range(desc.layers):
+                try:
+                    await pub.put_layer(i, ks[i], vs[i])
+                except PublicationError as exc:
+                    raise UsageError(str(exc)) from None
+                _progress("published", i, desc.layers, t0)
+            await pub.finish()
+            print("publication complete", flush=True)
+            if args.linger is None:
+                print("serving the tracks; Ctrl-C to stop", flush=True)
+                await ep.wait_closed()
+            elif args.linger > 0:
+                await asyncio.sleep(args.linger)
+        finally:
+            ep.close()
+            await ep.wait_closed()
+
+    asyncio.run(run())
+    return 0
+
+
+# ---------------------------------------------------------------------------- fetch
+
+
+def _parse_layers(text: str | None, total: int) -> range:
+    if not text:
+        return range(total)
+    try:
+        a_s, _, b_s = text.partition(":")
+        a = int(a_s) if a_s else 0
+        b = int(b_s) if b_s else total
+    except ValueError:
+        raise UsageError(f"--layers {text!r}: use a:b (layers a..b-1)") from None
+    if not 0 <= a < b <= total:
+        raise UsageError(f"--layers {text!r}: outside 0:{total}")
+    return range(a, b)
+
+
+@command("fetch")
+def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("fetch", help="find and retrieve a KV cache into an .npz file",
+                       description="Discover the publication of the longest reusable prefix "
+                                   "of the tokens, verify every object and write the layers.")
+    _common(p)
+    p.add_argument("--out", required=True, metavar="FILE", help="output .npz or .safetensors")
+    p.add_argument("--layers", metavar="A:B", help="layers A..B-1 (default: all)")
+    p.add_argument("--blocks", type=int, metavar="N", help="only the first N blocks")
+    p.add_argument("--keyring", metavar="FILE", help="producer public keys (JSON/PEM/dir)")
+    p.add_argument("--require-signed", action="store_true",
+                   help="refuse publications without a valid manifest.cose")
+    p.set_defaults(func=run_fetch)
+    return p
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    """``kvcs fetch``."""
+    from .kv.consumer import KvConsumer, RecomputeRequired
+    from .kv.cose import Keyring
+    from .kv.errors import KvcsError
+    from .kv.files import FileFormatError, save_kv
+
+    _setup_logging(args)
+    desc, tokens = _load(args)
+    scope = _scope(args)
+    layers = _parse_layers(args.layers, desc.layers)
+    if args.blocks is not None and args.blocks < 1:
+        raise UsageError("--blocks must be at least 1")
+    keyring = None
+    if args.keyring:
+        try:
+            keyring = Keyring.load(args.keyring)
+        except (OSError, ValueError, KvcsError) as exc:
+            raise UsageError(f"keyring: {exc}") from None
+    if args.require_signed and keyring is None:
+        raise UsageError("--require-signed needs --keyring")
+
+    async def run() -> int:
+        ep = await _connect(args)
+        try:
+            c = KvConsumer(ep, scope, desc, tokens, keyring=keyring,
+                           require_signed=args.require_signed, hex_namespace=args.hex_namespace)
+            pub = await c.discover()
+            if pub is None:
+                print("no publication covers any prefix of these tokens", file=sys.stderr)
+                return 1
+            print(f"found publication {pub.namespace.publication_id.hex()} covering "
+                  f"{pub.prefix_blocks} of {len(c.keys)} blocks", flush=True)
+            got = []
+            t0 = time.perf_counter()
+            try:
+                async for layer in c.layers(pub, layers, args.blocks):
+                    got.append((layer.index, layer.k, layer.v))
+                    _progress("verified", layer.index - layers.start, len(layers), t0,
+                              c.stats.bytes)
+            except RecomputeRequired as exc:
+                print(f"incomplete: {exc}; blocks to recompute: "
+                      f"{json.dumps(exc.missing)}", file=sys.stderr)
+                return 3
+            except KvcsError as exc:
+                print(f"publication rejected: {exc}", file=sys.stderr)
+                return 3
+            try:
+                save_kv(args.out, got)
+            except FileFormatError as exc:
+                raise UsageError(str(exc)) from None
+            print(f"wrote {len(got)} layers x {got[0][1].shape[0] if got else 0} tokens to "
+                  f"{args.out}", flush=True)
+            return 0
+        finally:
+            ep.close()
+            await ep.wait_closed()
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------- inspect
+
+
+@command("inspect")
+def _inspect_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("inspect", help="list publications and print/verify manifests",
+                       description="List KVCS publications under ('kvcs-1', ScopeID[, "
+                                   "CompatID]) and print each manifest, verified.")
+    _common(p, tokens=False)
+    p.add_argument("--keyring", metavar="FILE", help="producer public keys to verify "
+                   "manifest.cose")
+    p.set_defaults(func=run_inspect)
+    return p
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """``kvcs inspect``."""
+    from .endpoint import MoqtRequestError
+    from .kv.cose import Keyring, verify_manifest
+    from .kv.errors import KvcsError
+    from .kv.ids import KvcsNamespace, scope_id
+    from .kv.manifest import Manifest, check_namespace
+    from .moqt.wire import LocationFilter
+
+    _setup_logging(args)
+    scope = _scope(args)
+    desc = None
+    if args.descriptor:
+        desc, _ = _load(args)
+    keyring = Keyring.load(args.keyring) if args.keyring else None
+    sid = scope_id(scope)
+    hexf = args.hex_namespace
+    fields = [sid] + ([desc.compat_id] if desc else [])
+    prefix = (b"kvcs-1", *((f.hex().encode() if hexf else f) for f in fields))
+
+    async def run() -> int:
+        ep = await _connect(args)
+        try:
+            watch = await ep.subscribe_namespace(prefix)
+            found = []
+            while (change := await watch.next(0.3)) is not None:
+                if change[0]:
+                    found.append(change[1])
+            await watch.cancel()
+            print(f"{len(found)} publication(s) under scope {sid.hex()}")
+            for ns in found:
+                try:
+                    kns = KvcsNamespace.from_fields(ns, hex_fields=hexf)
+                except ValueError:
+                    print(f"- (not a KVCS namespace) {ns!r}")
+                    continue
+                print(f"- publication {kns.publication_id.hex()} compat "
+                      f"{kns.compat_id.hex()[:16]}... anchor {kns.anchor_key.hex()[:16]}...")
+                for name, signed in ((b"manifest.cose", True), (b"manifest", False)):
+                    try:
+                        st = await ep.track_status(ns, name)
+                    except MoqtRequestError:
+                        continue
+                    if st.params.largest_object is None:
+                        continue
+                    g = st.params.largest_object.group
+                    res = await ep.fetch(ns, name, location_filter=LocationFilter
+                                         .absolute_group_end(g, 0, 0))
+                    objs = [o for o in await res.collect(10) if o.payload.nbytes]
+                    if not objs:
+                        continue
+                    blob = bytes(objs[-1].payload)
+                    try:
+                        if signed:
+                            if keyring is None:
+                                print(f"  {name.decode()} v{g}: signed (no --keyring given; "
+                                      "signature not verified)")
+                                blob = _cose_payload(blob)
+                            else:
+                                blob = verify_manifest(blob, keyring)
+                                print(f"  {name.decode()} v{g}: signature OK")
+                        m = Manifest.parse(blob)
+                        check_namespace(m, kns.compat_id)
+                    except KvcsError as exc:
+                        print(f"  {name.decode()} v{g}: INVALID: {exc}")
+                        break
+                    print(f"  {name.decode()} v{g}: {m.layers} layers, {m.block_tokens} "
+                          f"tokens/block, model {m.compat.get('model')!r}, "
+                          f"deterministic={m.deterministic}")
+                    for s in m.segments:
+                        print(f"    segment {s.segment}: blocks {s.first_block}.."
+                              f"{s.first_block + s.blocks - 1}, complete={s.complete}, "
+                              f"tracks {', '.join(s.tracks)}")
+                    break
+            return 0
+        finally:
+            ep.close()
+            await ep.wait_closed()
+
+    return asyncio.run(run())
+
+
+def _cose_payload(blob: bytes) -> bytes:
+    import cbor2
+
+    top = cbor2.loads(blob)
+    arr = top.value if isinstance(top, cbor2.CBORTag) else top
+    return bytes(arr[2])

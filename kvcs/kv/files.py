@@ -1,0 +1,144 @@
+"""Reading and writing the files the CLI and the examples use, with clear errors.
+
+* Compatibility Descriptor: a JSON object (``kvsp-profile.md`` section 2).
+* Token IDs: ``.npy`` (1-D integer array), ``.json`` (a list of integers) or text
+  (whitespace- or comma-separated integers).
+* K/V: ``.npz`` or ``.safetensors`` with arrays ``k`` and ``v`` of shape
+  [layers, tokens, kv_heads, head_dim], or per-layer arrays ``k.0`` ... / ``k_0`` ...
+  (and ``v.N`` / ``v_N``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DescriptorError
+from .ids import CompatDescriptor
+
+PathLike = str | os.PathLike[str]
+
+
+class FileFormatError(ValueError):
+    """A file is missing, unreadable or not in the expected format."""
+
+
+def _read(path: PathLike) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise FileFormatError(f"{path}: {exc.strerror or exc}") from None
+
+
+def load_descriptor(path: PathLike) -> CompatDescriptor:
+    """Load and validate a Compatibility Descriptor JSON file."""
+    try:
+        return CompatDescriptor.from_json(_read(path))
+    except DescriptorError as exc:
+        raise FileFormatError(f"{path}: {exc}") from None
+
+
+def load_tokens(path: PathLike) -> np.ndarray:
+    """Load token IDs (uint32 range) from .npy, .json or a text file."""
+    p = Path(path)
+    try:
+        if p.suffix == ".npy":
+            arr = np.load(p, allow_pickle=False)
+        elif p.suffix == ".json":
+            arr = np.asarray(json.loads(_read(p)))
+        else:
+            text = _read(p).decode("ascii", errors="strict")
+            parts = [x for x in re.split(r"[\s,]+", text.strip()) if x]
+            arr = np.asarray([int(x) for x in parts], dtype=np.int64)
+    except FileFormatError:
+        raise
+    except (ValueError, UnicodeDecodeError, OSError) as exc:
+        raise FileFormatError(f"{path}: not a token file ({exc})") from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise FileFormatError(f"{path}: expected a flat list of integer token IDs")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+        raise FileFormatError(f"{path}: token IDs must be in 0..2^32-1")
+    return arr.astype(np.int64)
+
+
+def _arrays(path: PathLike) -> dict[str, np.ndarray]:
+    p = Path(path)
+    if not p.exists():
+        raise FileFormatError(f"{path}: no such file")
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            return dict(load_file(str(p)))
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileFormatError:
+        raise
+    except Exception as exc:  # numpy/safetensors raise assorted types on bad files
+        raise FileFormatError(f"{path}: cannot read K/V arrays ({exc})") from None
+
+
+def load_kv(path: PathLike, desc: CompatDescriptor) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Load per-layer K and V arrays ([tokens, kv_heads, head_dim]) in the descriptor dtype."""
+    arrays = _arrays(path)
+    L = desc.layers
+    if "k" in arrays and "v" in arrays:
+        k_all, v_all = arrays["k"], arrays["v"]
+        if k_all.ndim != 4 or v_all.ndim != 4 or k_all.shape[0] != L or v_all.shape[0] != L:
+            raise FileFormatError(f"{path}: k and v must be [layers={L}, tokens, heads, dim]")
+        ks, vs = list(k_all), list(v_all)
+    else:
+        ks, vs = [], []
+        for i in range(L):
+            k = arrays.get(f"k.{i}", arrays.get(f"k_{i}"))
+            v = arrays.get(f"v.{i}", arrays.get(f"v_{i}"))
+            if k is None or v is None:
+                raise FileFormatError(f"{path}: missing k/v arrays for layer {i} "
+                                      f"(expected 'k' and 'v', or 'k.{i}' and 'v.{i}')")
+            ks.append(k)
+            vs.append(v)
+    dt = desc.dtype
+    out_k, out_v = [], []
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        for name, arr, shape in (("k", k, desc.k_shape()), ("v", v, desc.v_shape())):
+            if arr.ndim != 3 or arr.shape[1:] != shape[1:]:
+                raise FileFormatError(f"{path}: layer {i} {name} has shape {arr.shape}, "
+                                      f"expected [tokens, {shape[1]}, {shape[2]}]")
+        if k.dtype != dt:
+            if k.dtype.itemsize == dt.itemsize and k.dtype.kind in "uV":
+                k, v = k.view(dt), v.view(dt)  # e.g. bfloat16 stored as uint16 in .npz
+            else:
+                raise FileFormatError(f"{path}: layer {i} dtype {k.dtype}, descriptor says "
+                                      f"{desc.dtype_name}")
+        out_k.append(np.ascontiguousarray(k))
+        out_v.append(np.ascontiguousarray(v))
+    return out_k, out_v
+
+
+def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """Write per-layer arrays ``k.N``/``v.N`` to .npz or .safetensors."""
+    data: dict[str, np.ndarray] = {}
+    p = Path(path)
+    npz = p.suffix != ".safetensors"
+    for idx, k, v in layers:
+        for name, arr in ((f"k.{idx}", k), (f"v.{idx}", v)):
+            arr = np.ascontiguousarray(arr)
+            if npz and arr.dtype.kind == "V":
+                # .npz cannot describe ml_dtypes types (bfloat16, float8): store the bits
+                arr = arr.view(f"<u{arr.dtype.itemsize}")
+            data[name] = arr
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.numpy import save_file
+
+            save_file(data, str(p))
+        else:
+            with p.open("wb") as f:
+                np.savez(f, **data)
+    except OSError as exc:
+        raise FileFormatError(f"{path}: {exc.strerror or exc}") from None
