@@ -108,6 +108,7 @@ class ConsumerStats:
     objects: int = 0
     bytes: int = 0
     rejected: int = 0
+    duplicates: int = 0
     excess: int = 0
     retries: int = 0
     first_layer_at: float | None = None
@@ -172,6 +173,8 @@ class KvConsumer:
                                self.descriptor.block_tokens)
         self.stats = ConsumerStats()
         self.manifests: dict[tuple[bytes, ...], Manifest] = {}
+        self.discarded: list[tuple[Publication, str]] = []
+        """Publications found but rejected, with the reason."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -188,9 +191,23 @@ class KvConsumer:
 
     async def discover(self, max_blocks: int | None = None,
                        endpoint: Endpoint | None = None) -> Publication | None:
-        """Find a publication for the longest reusable prefix (None if nothing matches)."""
-        found = await self.discover_all(max_blocks, endpoint)
-        return found[0] if found else None
+        """Find a usable publication for the longest reusable prefix (None if nothing
+        matches). Publications whose manifest fails its checks (CompatID, block keys,
+        signature) are discarded and the next one is tried."""
+        ep = endpoint or self.endpoint
+        n = min(len(self.keys), max_blocks or len(self.keys))
+        while n >= 1:
+            for pub in await self._publications_at(ep, n):
+                try:
+                    await self.manifest(pub, ep)
+                except (KvcsError, MoqtRequestError) as exc:
+                    self.discarded.append((pub, str(exc)))
+                    log.warning("discarding publication %s: %s",
+                                pub.namespace.publication_id.hex(), exc)
+                    continue
+                return pub
+            n -= 1
+        return None
 
     async def discover_all(self, max_blocks: int | None = None,
                            endpoint: Endpoint | None = None) -> list[Publication]:
@@ -395,7 +412,8 @@ class _Retrieval:
         buf = self._buf(layer)
         have = buf.have_v if comp == "v" else buf.have_k
         if have[block] and (comp != "kv" or buf.have_v[block]):
-            return  # duplicate (e.g. a retry overlapping)
+            st.duplicates += 1  # e.g. a retry overlapping what arrived
+            return
         try:
             hdr = verify_payload(obj.payload, group=layer, object_id=block)
             if hdr.token_count != self.B or hdr.codec != codec_value(self.codecs[comp]):
@@ -510,10 +528,10 @@ class _Retrieval:
                 yield layer
             # recovery of whatever is still missing
             deadline = time.monotonic() + self.c.recompute_budget_s
-            sources: list[tuple[Endpoint, Publication]] = [(e, self.pub)
-                                                           for e in self.c.endpoints]
+            eps = self.c.endpoints[1:] + self.c.endpoints[:1]  # another relay first
+            sources: list[tuple[Endpoint, Publication]] = [(e, self.pub) for e in eps]
             if self.manifest.deterministic:
-                sources += [(e, p) for p in alternates for e in self.c.endpoints]
+                sources += [(e, p) for p in alternates for e in eps]
             for src_ep, src_pub in sources:
                 missing = self.missing()
                 if not missing or time.monotonic() > deadline:
@@ -545,10 +563,24 @@ class _Retrieval:
             return False
         return m.deterministic and self.manifest.deterministic
 
-    def _fetch_params(self, ep: Endpoint, n: int) -> tuple[RangeFilter, ...]:
-        if n < self.seg.blocks and ep.peer_max_filter_ranges > 0:
-            return (RangeFilter(OBJECTID_FILTER, 0, ((0, n - 1),)),)
-        return ()
+    def _fetch_params(self, ep: Endpoint, blocks: Sequence[int] | None = None,
+                      ) -> tuple[RangeFilter, ...]:
+        """OBJECTID_FILTER for the needed blocks, when the peer allows enough ranges."""
+        wanted = sorted(set(blocks)) if blocks is not None else list(range(self.n))
+        ranges: list[tuple[int, int | None]] = []
+        for b in wanted:
+            if ranges and ranges[-1][1] == b - 1:
+                ranges[-1] = (ranges[-1][0], b)
+            else:
+                ranges.append((b, b))
+        if ranges == [(0, self.seg.blocks - 1)]:
+            return ()  # everything: no filter needed
+        limit = ep.peer_max_filter_ranges
+        if not limit:
+            return ()
+        if len(ranges) > limit:
+            ranges = [(wanted[0], wanted[-1])]
+        return (RangeFilter(OBJECTID_FILTER, 0, tuple(ranges)),)
 
     async def _feed(self, ep: Endpoint, comp: str, name: str, completed: bool,
                     queue: asyncio.Queue[tuple[str, ReceivedObject] | None]) -> None:
@@ -613,8 +645,8 @@ class _Retrieval:
     async def _fetch_layers(self, ep: Endpoint, pub: Publication, comp: str, name: str,
                             layers: range | Sequence[int],
                             queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None,
-                            ) -> None:
-        rf = self._fetch_params(ep, self.n)
+                            blocks: Sequence[int] | None = None) -> None:
+        rf = self._fetch_params(ep, blocks)
         lay = list(layers)
         if not lay:
             return
@@ -657,13 +689,14 @@ class _Retrieval:
     async def _recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
                        deadline: float) -> None:
         layers = sorted(missing)
+        blocks = sorted({b for bs in missing.values() for b in bs})
         for comp, name in self.tracks.items():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             try:
                 await asyncio.wait_for(
-                    self._fetch_layers(ep, pub, comp, name, layers, None), left)
+                    self._fetch_layers(ep, pub, comp, name, layers, None, blocks), left)
             except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                 log.info("recovery fetch of %s failed: %s", name, exc)
 

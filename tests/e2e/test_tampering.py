@@ -1,0 +1,146 @@
+"""A relay in the path that flips bytes, drops objects or swaps publications: bad objects
+are discarded, recovered elsewhere or reported for recompute; no wrong tensor is yielded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcs.kv.consumer import KvConsumer, RecomputeRequired
+from kvcs.kv.cose import Keyring, ProducerKey
+from kvcs.kv.errors import ManifestError
+from kvcs.kv.manifest import Manifest
+from kvcs.kv.publisher import KvPublisher, PublisherOptions
+from kvcs.moqt import events as ev
+from kvcs.relay import Relay
+from kvcs.testing import LocalNet
+
+from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+
+
+class TamperingRelay(Relay):
+    """A relay that corrupts what it caches: ``flip``/``drop`` sets of
+    (track name, group, object), and ``swap`` payload replacements."""
+
+    flip: set[tuple[bytes, int, int]] = set()
+    drop: set[tuple[bytes, int, int]] = set()
+    swap: dict[tuple[bytes, int, int], bytes] = {}
+
+    def _on_object(self, link, e: ev.ObjectReceived) -> None:  # type: ignore[no-untyped-def]
+        key = (link.track.name, e.record.group_id, e.record.object_id)
+        if key in self.drop:
+            return
+        if key in self.flip:
+            bad = bytearray(e.record.payload)
+            bad[-1] ^= 0x40
+            e.record.payload = memoryview(bytes(bad))
+        if key in self.swap:
+            e.record.payload = memoryview(self.swap[key])
+        super()._on_object(link, e)
+
+
+async def _publish(net: LocalNet, relay: Relay, seed: int,
+                   opts: PublisherOptions | None = None) -> tuple[KvPublisher, list]:
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT, opts)
+    data = cache(seed)
+    for i, (k, v) in enumerate(data):
+        await pub.put_layer(i, k, v)
+    await pub.finish()
+    return pub, data
+
+
+def _check(layers: list, data: list) -> None:
+    for layer in layers:
+        k, v = data[layer.index]
+        assert same(layer.k, k) and same(layer.v, v)
+
+
+@pytest.mark.parametrize("mode", ["flip", "drop"])
+async def test_bad_objects_recovered_from_another_relay(net: LocalNet, mode: str) -> None:
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    bad = {(b"k.raw.s0", 2, 3), (b"v.raw.s0", 4, 0)}
+    evil.flip, evil.drop = (bad, set()) if mode == "flip" else (set(), bad)  # type: ignore
+    _, data = await _publish(net, clean, 11)
+    consumer = KvConsumer([await net.client(evil), await net.client(clean)], SCOPE, DESC,
+                          PROMPT, recompute_budget_s=5)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.layers(found)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    assert consumer.stats.retries >= 1
+    if mode == "flip":
+        assert consumer.stats.rejected == 2
+
+
+async def test_unrecoverable_objects_reported_for_recompute(net: LocalNet) -> None:
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    evil.flip = {(b"k.raw.s0", 3, 5)}  # type: ignore[misc]
+    evil.drop = {(b"v.raw.s0", 3, 9)}  # type: ignore[misc]
+    _, data = await _publish(net, clean, 12)
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, recompute_budget_s=2)
+    found = await consumer.discover()
+    assert found is not None
+    got = []
+    with pytest.raises(RecomputeRequired) as info:
+        async for layer in consumer.layers(found):
+            got.append(layer)
+    assert [x.index for x in got] == [0, 1, 2]  # nothing wrong, nothing out of order
+    _check(got, data)
+    assert info.value.missing[3] == [5, 9]
+    assert info.value.yielded == 3
+
+
+async def test_swapped_publication_detected_by_signed_digests(net: LocalNet) -> None:
+    key = ProducerKey.generate("prefill-1")
+    keyring = Keyring()
+    keyring.add_producer(key)
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    opts = PublisherOptions(producer_key=key)
+    _, data_a = await _publish(net, clean, 13, opts)
+    # a second, independent publication of the same prefix (different bits)
+    pub_b, _ = await _publish(net, clean, 14, opts)
+    swapped = {}
+    track_b = pub_b.endpoint.tracks[(pub_b.fields, b"k.raw.s0")]
+    for g in (1, 4):
+        obj = track_b.get(type(track_b.largest)(g, 2))  # type: ignore[arg-type, misc]
+        swapped[(b"k.raw.s0", g, 2)] = bytes(obj.payload)
+    evil.swap = swapped  # type: ignore[misc]
+    consumer = KvConsumer([await net.client(evil), await net.client(clean)], SCOPE, DESC,
+                          PROMPT, keyring=keyring, require_signed=True, recompute_budget_s=5)
+    pubs = await consumer.discover_all()
+    assert len(pubs) == 2
+    target = next(p for p in pubs if p.namespace.publication_id != pub_b.publication_id)
+    got = [x async for x in consumer.layers(target)]
+    _check(got, data_a)  # objects of the other publication never made it into a tensor
+    assert consumer.stats.rejected >= 2 and consumer.stats.retries >= 1
+
+
+async def test_manifest_with_another_compat_id_is_discarded(net: LocalNet) -> None:
+    class LyingPublisher(KvPublisher):
+        def manifest(self) -> Manifest:
+            m = super().manifest()
+            m.compat = {**m.compat, "revision": "something-else"}
+            return m
+
+    relay = await net.relay()
+    ep = await net.client(relay)
+    liar = LyingPublisher(ep, SCOPE, DESC, PROMPT)
+    for i, (k, v) in enumerate(cache(15)):
+        await liar.put_layer(i, k, v)
+    await liar.finish()
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+    assert await consumer.discover() is None
+    assert consumer.discarded and "Compatibility ID" in consumer.discarded[0][1]
+    pubs = await consumer.discover_all()
+    with pytest.raises(ManifestError):
+        await consumer.manifest(pubs[0])
+    # an honest publication of the same prefix is then found and used
+    _, data = await _publish(net, relay, 16)
+    found = await consumer.discover()
+    assert found is not None and found.prefix_blocks == BLOCKS
+    _check([x async for x in consumer.layers(found, range(0, 2))], data)
+    assert np.array_equal(found.namespace.compat_id, DESC.compat_id)
