@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 
 bench: $(STAMP)
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis bench-results.json
