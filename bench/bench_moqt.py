@@ -1,11 +1,12 @@
 """MOQT goodput publisher -> subscriber (no relay) against the raw QUIC stream ceiling.
 
-One process, one event loop (publisher and subscriber share a CPU core, like
-:mod:`bench.bench_transport`). The publisher is the server-side :class:`Endpoint` of a
-session, serving a track of ``groups`` x 64 objects of 32 KiB to a subscribing client (one
-subgroup stream per group). Goodput counts payload bytes from the first publish to the last
-object received. The raw figure is :func:`bench.bench_transport.raw_stream_throughput` with
-the same :class:`QuicSettings` and the same number of bytes, in the same run.
+The publisher (a client :class:`Endpoint`) runs in a child process and the subscribing
+server-side endpoint in the calling one, like :mod:`bench.bench_transport`
+(``separate=False``: one event loop). The publisher serves a track of ``groups`` x 64
+objects of 32 KiB (one subgroup stream per group). Goodput counts payload bytes from the
+first publish to the last object received. The raw figure is
+:func:`bench.bench_transport.raw_stream_throughput` with the same :class:`QuicSettings` and
+the same number of bytes, in the same run.
 
 Run: ``.venv/bin/python -m bench.bench_moqt`` (``--profile`` prints a cProfile of the MOQT
 run with loopback settings).
@@ -15,13 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import os
 import pstats
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 
+from bench._proc import CHILD_TIMEOUT, PROFILE_ENV, child_process, run_child, wait_message
 from bench.bench_transport import raw_stream_throughput
-from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.endpoint import Endpoint, Subscription, serve_endpoints
+from kvcs.moqt.track import Track
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
 from kvcs.transport import QuicSettings, ensure_dev_certificate
 
@@ -36,54 +41,93 @@ SETTINGS: dict[str, QuicSettings] = {
 }
 
 
+async def _produce(pub: Endpoint, track: Track, groups: int) -> None:
+    payload = memoryview(bytes(range(256)) * (OBJECT_SIZE // 256))
+    for g in range(groups):
+        for o in range(PER_GROUP):
+            pub.publish(track, g, o, payload)
+        await pub.drain(4 * MiB)
+    pub.publish(track, groups - 1, PER_GROUP, b"", status=ObjectStatus.END_OF_TRACK)
+    pub.flush()
+
+
+async def _publisher_main(conn: Connection, url: str, settings: QuicSettings, pin: str,
+                          groups: int) -> None:
+    """Child: connect, create the track, wait for "go", publish, report the start time."""
+    pub = await Endpoint.connect(url, pin_sha256=pin, settings=settings)
+    track = pub.create_track(NS, b"t")
+    conn.send("ready")
+    await wait_message(conn)
+    start = time.perf_counter()
+    await _produce(pub, track, groups)
+    conn.send(start)
+    await wait_message(conn)  # the subscriber got everything
+    pub.close()
+    await pub.wait_closed()
+
+
+def _publisher_process(conn: Connection, url: str, settings: QuicSettings, pin: str,
+                       groups: int) -> None:
+    run_child(conn, _publisher_main(conn, url, settings, pin, groups))
+
+
+async def _receive(sub: Subscription, total: int) -> float:
+    received = 0
+    async for obj in sub:
+        received += len(obj.payload)
+    assert received == total, (received, total)
+    return time.perf_counter()
+
+
 async def moqt_goodput(settings: QuicSettings, groups: int = 40,
-                       scheme: str = "moqt", client_publishes: bool = True) -> float:
+                       scheme: str = "moqt", client_publishes: bool = True,
+                       *, separate: bool = True) -> float:
     """Publish ``groups`` x 64 x 32 KiB objects to one subscriber; return goodput MiB/s.
 
     ``client_publishes`` (default) sends client -> server like the raw benchmark.
+    ``separate`` (default, requires ``client_publishes``): the publishing client runs in a
+    child process, the subscribing server in this one.
     """
+    total = groups * PER_GROUP * OBJECT_SIZE
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
         eps: list[Endpoint] = []
         server = await serve_endpoints("127.0.0.1", 0, eps.append,
                                        certfile=str(cert.certfile), keyfile=str(cert.keyfile),
                                        settings=settings)
+        url = f"{scheme}://127.0.0.1:{server.port}/bench"
         try:
-            sub_ep = await Endpoint.connect(f"{scheme}://127.0.0.1:{server.port}/bench",
-                                            pin_sha256=cert.sha256, settings=settings)
+            if separate and client_publishes:
+                async with child_process(_publisher_process, url, settings, cert.sha256,
+                                         groups) as child:
+                    await child.recv()  # ready
+                    while not eps or eps[-1].peer_setup is None:
+                        await asyncio.sleep(0.001)
+                    sub = await eps[-1].subscribe(
+                        NS, b"t", location_filter=LocationFilter.next_object())
+                    child.send("go")
+                    finished = await asyncio.wait_for(_receive(sub, total), CHILD_TIMEOUT)
+                    start = await child.recv()
+                    child.send("done")
+                return total / MiB / (finished - start)
+            sub_ep = await Endpoint.connect(url, pin_sha256=cert.sha256, settings=settings)
             while not eps or eps[-1].peer_setup is None:
                 await asyncio.sleep(0.001)
             peer = eps[-1]
-            # same direction as the raw benchmark (client -> server): the client publishes
-            # and the server-side endpoint subscribes to it
             pub = sub_ep if client_publishes else peer
             subscriber = peer if client_publishes else sub_ep
             track = pub.create_track(NS, b"t")
             sub = await subscriber.subscribe(NS, b"t",
                                              location_filter=LocationFilter.next_object())
-            payload = memoryview(bytes(range(256)) * (OBJECT_SIZE // 256))
-            total = groups * PER_GROUP * OBJECT_SIZE
-
-            async def produce() -> None:
-                for g in range(groups):
-                    for o in range(PER_GROUP):
-                        pub.publish(track, g, o, payload)
-                    await pub.drain(4 * MiB)
-                pub.publish(track, groups - 1, PER_GROUP, b"", status=ObjectStatus.END_OF_TRACK)
-
             start = time.perf_counter()
-            task = asyncio.create_task(produce())
-            received = 0
-            async for obj in sub:
-                received += len(obj.payload)
-            elapsed = time.perf_counter() - start
+            task = asyncio.create_task(_produce(pub, track, groups))
+            finished = await _receive(sub, total)
             await task
-            assert received == total, (received, total)
             sub_ep.close()
             await sub_ep.wait_closed()
         finally:
             await server.aclose()
-    return total / MiB / elapsed
+    return total / MiB / (finished - start)
 
 
 def main(groups: int = 40, repeats: int = 3) -> dict[str, dict[str, float]]:
@@ -107,13 +151,22 @@ def main(groups: int = 40, repeats: int = 3) -> dict[str, dict[str, float]]:
     return results
 
 
-def profile(groups: int = 40, top: int = 30) -> None:
-    """cProfile the MOQT run with loopback settings."""
-    prof = cProfile.Profile()
-    prof.enable()
-    asyncio.run(moqt_goodput(SETTINGS["loopback"], groups))
-    prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+def profile(groups: int = 40, top: int = 25) -> None:
+    """cProfile both processes of the MOQT run with loopback settings (receiver first)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        child_stats = os.path.join(tmp, "publisher.prof")
+        os.environ[PROFILE_ENV] = child_stats
+        prof = cProfile.Profile()
+        try:
+            prof.enable()
+            asyncio.run(moqt_goodput(SETTINGS["loopback"], groups))
+            prof.disable()
+        finally:
+            del os.environ[PROFILE_ENV]
+        print("=== subscriber (this process)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+        print("=== publisher (child process)")
+        pstats.Stats(child_stats).sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Relay throughput: one subscriber through the relay vs direct, and fan-out 1 -> 8.
 
-The relay runs as its own process (``python -m kvcs relay``), as deployed; publisher and
-subscribers share this process. 32 KiB objects, 64 per group, QuicSettings.loopback().
+Every party has its own process: the relay (``python -m kvcs relay``, as deployed), the
+publisher (a child process) and the subscribers (the calling process; direct: its server
+endpoint subscribes to the publishing client). 32 KiB objects, 64 per group,
+QuicSettings.loopback().
 Run: ``.venv/bin/python -m bench.bench_relay``.
 """
 
@@ -13,8 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
+from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
 from kvcs.transport import QuicSettings, ensure_dev_certificate
@@ -34,7 +38,7 @@ async def _produce(pub: Endpoint, track: Any, groups: int, flush_ep: Endpoint) -
         flush_ep.schedule_flush()
         await flush_ep.drain(8 << 20)
     pub.publish(track, groups, 0, b"", status=ObjectStatus.END_OF_TRACK)
-    flush_ep.schedule_flush()
+    flush_ep.flush()
 
 
 async def _consume(sub_ep: Endpoint, name: bytes) -> int:
@@ -46,50 +50,74 @@ async def _consume(sub_ep: Endpoint, name: bytes) -> int:
     return n
 
 
+async def _publisher_main(conn: Connection, url: str, cafile: str, groups: int, name: bytes,
+                          announce: bool) -> None:
+    """Child: connect (and announce to a relay), wait for "go", publish, report the start."""
+    pub = await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+    if announce:
+        await pub.announce(NS)
+    track = pub.create_track(NS, name)
+    conn.send("ready")
+    await wait_message(conn)
+    start = time.perf_counter()
+    await _produce(pub, track, groups, pub)
+    conn.send(start)
+    await wait_message(conn)  # the subscribers got everything
+    pub.close()
+    await pub.wait_closed()
+
+
+def _publisher_process(conn: Connection, url: str, cafile: str, groups: int, name: bytes,
+                       announce: bool) -> None:
+    run_child(conn, _publisher_main(conn, url, cafile, groups, name, announce))
+
+
 async def direct(cafile: str, groups: int) -> float:
-    """Publisher endpoint serving the subscriber directly; MiB/s."""
+    """Publisher (child process, client) serving this process's server endpoint; MiB/s."""
     eps: list[Endpoint] = []
-    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=cafile.replace(
-        "dev-cert.pem", "dev-cert.pem"), keyfile=cafile.replace("dev-cert", "dev-key"),
-        settings=SETTINGS)
+    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=cafile,
+                                   keyfile=cafile.replace("dev-cert", "dev-key"),
+                                   settings=SETTINGS)
     try:
-        sub_ep = await Endpoint.connect(f"moqt://127.0.0.1:{server.port}/", cafile=cafile,
-                                        settings=SETTINGS)
-        srv_ep = eps[-1]
-        track = srv_ep.create_track(NS, b"direct")
-        consumer = asyncio.create_task(_consume(sub_ep, b"direct"))
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        await _produce(srv_ep, track, groups, srv_ep)
-        n = await consumer
-        dt = time.perf_counter() - t0
-        sub_ep.close()
-        await sub_ep.wait_closed()
+        url = f"moqt://127.0.0.1:{server.port}/"
+        async with child_process(_publisher_process, url, cafile, groups, b"direct",
+                                 False) as child:
+            await child.recv()  # ready
+            while not eps or eps[-1].peer_setup is None:
+                await asyncio.sleep(0.001)
+            consumer = asyncio.create_task(_consume(eps[-1], b"direct"))
+            await asyncio.sleep(0.05)
+            child.send("go")
+            n = await asyncio.wait_for(consumer, CHILD_TIMEOUT)
+            t1 = time.perf_counter()
+            t0 = await child.recv()
+            child.send("done")
     finally:
         await server.aclose()
-    return n / dt / 2**20
+    return n / (t1 - t0) / 2**20
 
 
 async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
                     name: bytes) -> float:
-    """Publisher -> relay -> N subscribers; aggregate subscriber MiB/s."""
+    """Publisher (child process) -> relay (own process) -> N subscribers (this process);
+    aggregate subscriber MiB/s."""
     url = f"moqt://127.0.0.1:{port}/"
-    pub = await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
-    await pub.announce(NS)
-    track = pub.create_track(NS, name)
-    subs = [await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
-            for _ in range(subscribers)]
-    consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
-    await asyncio.sleep(0.2)
-    t0 = time.perf_counter()
-    await _produce(pub, track, groups, pub)
-    total = sum(await asyncio.gather(*consumers))
-    dt = time.perf_counter() - t0
-    for ep in [pub, *subs]:
-        ep.close()
-    for ep in [pub, *subs]:
-        await ep.wait_closed()
-    return total / dt / 2**20
+    async with child_process(_publisher_process, url, cafile, groups, name, True) as child:
+        await child.recv()  # ready (announced)
+        subs = [await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+                for _ in range(subscribers)]
+        consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
+        await asyncio.sleep(0.2)
+        child.send("go")
+        total = sum(await asyncio.wait_for(asyncio.gather(*consumers), CHILD_TIMEOUT))
+        t1 = time.perf_counter()
+        t0 = await child.recv()
+        child.send("done")
+        for ep in subs:
+            ep.close()
+        for ep in subs:
+            await ep.wait_closed()
+    return total / (t1 - t0) / 2**20
 
 
 def _start_relay(tmp: str) -> tuple[subprocess.Popen[str], int]:

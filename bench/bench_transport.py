@@ -1,7 +1,9 @@
 """Raw transport ceiling: one unidirectional stream over the kvcs QUIC binding on loopback.
 
-Client and server run in ONE process and ONE event loop (they share a CPU core), through
-:mod:`kvcs.transport` (scheduler included) with a sink session that only counts bytes.
+The sending client runs in a child process and the receiving server in the calling one
+(each has its own CPU core, like the reference aioquic figures), through
+:mod:`kvcs.transport` (scheduler included) with a sink session that only counts bytes;
+``separate=False`` puts both in one event loop.
 MOQT benchmarks compare against :func:`raw_stream_throughput` with the same settings.
 
 Run: ``.venv/bin/python -m bench.bench_transport``
@@ -13,9 +15,19 @@ import asyncio
 import logging
 import tempfile
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 
+from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from kvcs.moqt.actions import Action, SendStreamData, StreamOpener
-from kvcs.transport import ConnectionInfo, QuicSettings, connect, ensure_dev_certificate, serve
+from kvcs.transport import (
+    ConnectionInfo,
+    MoqtConnection,
+    QuicSettings,
+    connect,
+    ensure_dev_certificate,
+    serve,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,45 +74,91 @@ class _Sink:
         return out
 
 
+async def _send(conn: MoqtConnection, total_bytes: int) -> float:
+    """Write ``total_bytes`` on a new uni stream with back-pressure; return the start time."""
+    stream_id = conn.open_stream(unidirectional=True)
+    client = conn.session
+    assert isinstance(client, _Sink)
+    chunk = bytes(1 * MiB)
+    sent = 0
+    start = time.perf_counter()
+    while sent < total_bytes:
+        n = min(len(chunk), total_bytes - sent)
+        sent += n
+        client.out.append(
+            SendStreamData(stream_id, memoryview(chunk)[:n], end=sent >= total_bytes)
+        )
+        conn.flush()
+        await conn.drain(4 * MiB)
+    return start
+
+
+def _sink_factory(sinks: list[_Sink]) -> Callable[[StreamOpener, ConnectionInfo], _Sink]:
+    def factory(opener: StreamOpener, info: ConnectionInfo) -> _Sink:
+        sink = _Sink(opener, info)
+        sinks.append(sink)
+        return sink
+
+    return factory
+
+
+async def _sender_main(
+    conn: Connection, url: str, settings: QuicSettings, pin: str, total_bytes: int
+) -> None:
+    sinks: list[_Sink] = []
+    async with connect(url, _sink_factory(sinks), settings, pin_sha256=pin) as quic:
+        start = await _send(quic, total_bytes)
+        conn.send(start)
+        await wait_message(conn)  # the receiver saw FIN
+
+
+def _sender_process(
+    conn: Connection, url: str, settings: QuicSettings, pin: str, total_bytes: int
+) -> None:
+    run_child(conn, _sender_main(conn, url, settings, pin, total_bytes))
+
+
 async def raw_stream_throughput(
-    settings: QuicSettings, total_bytes: int = 256 * MiB, webtransport: bool = False
+    settings: QuicSettings,
+    total_bytes: int = 256 * MiB,
+    webtransport: bool = False,
+    *,
+    separate: bool = True,
 ) -> float:
     """Send ``total_bytes`` on one uni stream client->server; return MiB/s (first write to
-    the server seeing FIN)."""
+    the server seeing FIN).
+
+    ``separate`` (default): the sending client runs in a child process and the receiving
+    server in this one (one CPU core each). ``separate=False``: both in this event loop.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
         sinks: list[_Sink] = []
-
-        def factory(opener: StreamOpener, info: ConnectionInfo) -> _Sink:
-            sink = _Sink(opener, info)
-            sinks.append(sink)
-            return sink
-
         server = await serve(
-            "127.0.0.1", 0, factory, settings, str(cert.certfile), str(cert.keyfile)
+            "127.0.0.1", 0, _sink_factory(sinks), settings, str(cert.certfile),
+            str(cert.keyfile)
         )
         try:
             scheme = "https" if webtransport else "moqt"
             url = f"{scheme}://127.0.0.1:{server.port}/bench"
-            async with connect(url, factory, settings, pin_sha256=cert.sha256) as conn:
-                client = conn.session
-                assert isinstance(client, _Sink)
-                stream_id = conn.open_stream(unidirectional=True)
-                chunk = bytes(1 * MiB)
-                sent = 0
-                start = time.perf_counter()
-                while sent < total_bytes:
-                    n = min(len(chunk), total_bytes - sent)
-                    sent += n
-                    client.out.append(
-                        SendStreamData(stream_id, memoryview(chunk)[:n], end=sent >= total_bytes)
-                    )
-                    conn.flush()
-                    await conn.drain(4 * MiB)
-                while not sinks or len(sinks) < 2:  # client sink + server sink
-                    await asyncio.sleep(0.001)
-                finished = await asyncio.wait_for(sinks[-1].done, 120)
-                assert sinks[-1].received == total_bytes
+            if separate:
+                async with child_process(
+                    _sender_process, url, settings, cert.sha256, total_bytes
+                ) as child:
+                    start = await child.recv()
+                    while not sinks:
+                        await asyncio.sleep(0.001)
+                    finished = await asyncio.wait_for(sinks[-1].done, CHILD_TIMEOUT)
+                    child.send("done")
+            else:
+                async with connect(
+                    url, _sink_factory([]), settings, pin_sha256=cert.sha256
+                ) as conn:
+                    start = await _send(conn, total_bytes)
+                    while not sinks:
+                        await asyncio.sleep(0.001)
+                    finished = await asyncio.wait_for(sinks[-1].done, 120)
+            assert sinks[-1].received == total_bytes
         finally:
             await server.aclose()
     return total_bytes / MiB / (finished - start)
