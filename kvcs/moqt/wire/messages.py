@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from ..errors import violation
 from .buffer import Reader
@@ -145,11 +145,12 @@ class GoAway:
 
 
 @dataclass(slots=True)
-class Subscribe:
-    """SUBSCRIBE (0x03)."""
+class _NamedRequest:
+    """Body shared by SUBSCRIBE, FETCH and TRACK_STATUS: Request ID, Track Namespace,
+    Track Name, params."""
 
-    TYPE: ClassVar[int] = 0x03
-    ALLOWED: ClassVar[frozenset[int]] = SUBSCRIBE_PARAMS
+    TYPE: ClassVar[int] = -1
+    ALLOWED: ClassVar[frozenset[int]] = frozenset()
     request_id: int
     namespace: TrackNamespace
     name: bytes
@@ -164,10 +165,18 @@ class Subscribe:
         )
 
     @classmethod
-    def _read(cls, r: Reader) -> Subscribe:
+    def _read(cls, r: Reader) -> Self:
         rid = r.vi64()
         ns, name = _read_full_name(r)
         return cls(rid, ns, name, decode_parameters(r, cls.ALLOWED))
+
+
+@dataclass(slots=True)
+class Subscribe(_NamedRequest):
+    """SUBSCRIBE (0x03)."""
+
+    TYPE: ClassVar[int] = 0x03
+    ALLOWED: ClassVar[frozenset[int]] = SUBSCRIBE_PARAMS
 
 
 @dataclass(slots=True)
@@ -339,29 +348,11 @@ class PublishStateNotify:
 
 
 @dataclass(slots=True)
-class Fetch:
+class Fetch(_NamedRequest):
     """FETCH (0x16)."""
 
     TYPE: ClassVar[int] = 0x16
     ALLOWED: ClassVar[frozenset[int]] = FETCH_PARAMS
-    request_id: int
-    namespace: TrackNamespace
-    name: bytes
-    params: Parameters = field(default_factory=Parameters)
-
-    def _body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_namespace(self.namespace)
-            + _enc_bytes(self.name)
-            + encode_parameters(self.params)
-        )
-
-    @classmethod
-    def _read(cls, r: Reader) -> Fetch:
-        rid = r.vi64()
-        ns, name = _read_full_name(r)
-        return cls(rid, ns, name, decode_parameters(r, cls.ALLOWED))
 
 
 @dataclass(slots=True)
@@ -396,101 +387,65 @@ class FetchOk:
 
 
 @dataclass(slots=True)
-class TrackStatus:
+class TrackStatus(_NamedRequest):
     """TRACK_STATUS (0x0D): same body as SUBSCRIBE."""
 
     TYPE: ClassVar[int] = 0x0D
     ALLOWED: ClassVar[frozenset[int]] = TRACK_STATUS_PARAMS
+
+
+@dataclass(slots=True)
+class _PrefixRequest:
+    """Body shared by PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE and SUBSCRIBE_TRACKS:
+    Request ID, Track Namespace (prefix), params."""
+
+    TYPE: ClassVar[int] = -1
+    ALLOWED: ClassVar[frozenset[int]] = frozenset()
     request_id: int
-    namespace: TrackNamespace
-    name: bytes
+    namespace_prefix: TrackNamespace
     params: Parameters = field(default_factory=Parameters)
 
     def _body(self) -> bytes:
         return (
             encode_vi64(self.request_id)
-            + encode_namespace(self.namespace)
-            + _enc_bytes(self.name)
+            + encode_namespace(self.namespace_prefix)
             + encode_parameters(self.params)
         )
 
     @classmethod
-    def _read(cls, r: Reader) -> TrackStatus:
+    def _read(cls, r: Reader) -> Self:
         rid = r.vi64()
-        ns, name = _read_full_name(r)
-        return cls(rid, ns, name, decode_parameters(r, cls.ALLOWED))
+        ns = read_namespace(r)
+        return cls(rid, ns, decode_parameters(r, cls.ALLOWED))
 
 
 @dataclass(slots=True)
-class PublishNamespace:
+class PublishNamespace(_PrefixRequest):
     """PUBLISH_NAMESPACE (0x06): Request ID, namespace (prefix), params."""
 
     TYPE: ClassVar[int] = 0x06
     ALLOWED: ClassVar[frozenset[int]] = PUBLISH_NAMESPACE_PARAMS
-    request_id: int
-    namespace: TrackNamespace
-    params: Parameters = field(default_factory=Parameters)
 
-    def _body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_namespace(self.namespace)
-            + encode_parameters(self.params)
-        )
-
-    @classmethod
-    def _read(cls, r: Reader) -> PublishNamespace:
-        rid = r.vi64()
-        ns = read_namespace(r)
-        return cls(rid, ns, decode_parameters(r, cls.ALLOWED))
+    @property
+    def namespace(self) -> TrackNamespace:
+        """The namespace (prefix) being published."""
+        return self.namespace_prefix
 
 
 @dataclass(slots=True)
-class SubscribeNamespace:
+class SubscribeNamespace(_PrefixRequest):
     """SUBSCRIBE_NAMESPACE (0x50): Request ID, namespace prefix, params."""
 
     TYPE: ClassVar[int] = 0x50
     ALLOWED: ClassVar[frozenset[int]] = SUBSCRIBE_NAMESPACE_PARAMS
-    request_id: int
-    namespace_prefix: TrackNamespace
-    params: Parameters = field(default_factory=Parameters)
-
-    def _body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_namespace(self.namespace_prefix)
-            + encode_parameters(self.params)
-        )
-
-    @classmethod
-    def _read(cls, r: Reader) -> SubscribeNamespace:
-        rid = r.vi64()
-        ns = read_namespace(r)
-        return cls(rid, ns, decode_parameters(r, cls.ALLOWED))
 
 
 @dataclass(slots=True)
-class SubscribeTracks:
+class SubscribeTracks(_PrefixRequest):
     """SUBSCRIBE_TRACKS (0x51): Request ID, namespace prefix, params."""
 
     TYPE: ClassVar[int] = 0x51
     ALLOWED: ClassVar[frozenset[int]] = SUBSCRIBE_TRACKS_PARAMS
-    request_id: int
-    namespace_prefix: TrackNamespace
-    params: Parameters = field(default_factory=Parameters)
-
-    def _body(self) -> bytes:
-        return (
-            encode_vi64(self.request_id)
-            + encode_namespace(self.namespace_prefix)
-            + encode_parameters(self.params)
-        )
-
-    @classmethod
-    def _read(cls, r: Reader) -> SubscribeTracks:
-        rid = r.vi64()
-        ns = read_namespace(r)
-        return cls(rid, ns, decode_parameters(r, cls.ALLOWED))
 
 
 @dataclass(slots=True)
