@@ -62,6 +62,8 @@ from .transport.binding import Server
 log = logging.getLogger(__name__)
 
 OBJECTID_FILTER = 0x26
+SETUP_TIMEOUT = 10.0
+"""Seconds a server waits for the client's SETUP before closing the session."""
 
 
 class MoqtRequestError(Exception):
@@ -274,6 +276,9 @@ class Endpoint:
         self._flush_scheduled = False
         conn.session_changed = lambda _c: self._dispatch()
         self.conn._closed_callbacks.append(self._on_connection_closed)
+        if not self.session.config.is_client:
+            # a peer that never sends SETUP is closed (CONTROL_MESSAGE_TIMEOUT)
+            asyncio.get_running_loop().call_later(SETUP_TIMEOUT, self._check_setup)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -375,6 +380,11 @@ class Endpoint:
         """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""
         self.flush()
         await self.conn.drain(limit)
+
+    def _check_setup(self) -> None:
+        if self.session.peer_setup is None and not self.is_closed:
+            log.warning("peer sent no SETUP within %.0f s: closing", SETUP_TIMEOUT)
+            self.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
 
     def _on_connection_closed(self) -> None:
         self.session.connection_lost(None, "connection closed")
