@@ -226,6 +226,14 @@ class DataStreamEnded:
     fill_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DataStreamWritable:
+    """A data stream we send on has drained (asked for with ``Session.want_writable``)."""
+
+    request_id: int
+    stream_id: int
+
+
 Event = (
     SessionEstablished
     | SessionClosed
@@ -246,4 +254,5 @@ Event = (
     | ObjectReceived
     | RangeMarkerReceived
     | DataStreamEnded
+    | DataStreamWritable
 )

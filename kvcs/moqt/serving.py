@@ -126,6 +126,8 @@ class _Cursor:
     obj: int
     done: bool = False
     groups: list[int] | None = None  # descending: remaining groups
+    blocked: bool = False  # waiting for the stream to drain (write window)
+    prio_group: int = -1  # group whose priority the stream currently carries
 
 
 @dataclass(slots=True)
@@ -153,6 +155,7 @@ class TrackServer:
         self._subs: dict[int, _Subscription] = {}
         self._fetches: dict[int, _Cursor] = {}
         self._watched: dict[int, Track] = {}  # id(track) -> track with our listener
+        self._blocked: dict[int, _Cursor] = {}  # stream id -> cursor waiting to write
         self.objects_sent = 0
         self.bytes_sent = 0
         self.fill_handler: Callable[[int, int, Location, Location], bool] | None = None
@@ -246,6 +249,13 @@ class TrackServer:
 
     def handle(self, event: ev.Event) -> bool:
         """Handle session events about requests this server serves; True if consumed."""
+        if isinstance(event, ev.DataStreamWritable):
+            cur = self._blocked.pop(event.stream_id, None)
+            if cur is None:
+                return False
+            cur.blocked = False
+            self._pump(cur)
+            return True
         if isinstance(event, ev.UpdateReceived):
             sub = self._subs.get(event.request_id)
             if sub is not None:
@@ -559,11 +569,13 @@ class TrackServer:
 
     def _pump(self, cur: _Cursor) -> None:
         """Send what the track can give in order; stop where status is unknown."""
-        if cur.done:
+        if cur.done or cur.blocked:
             return
         s = self.session
         track = cur.track
         end = cur.end
+        window = s.config.write_window
+        written = 0
         while True:
             g = cur.group
             if (not cur.descending and g > end.group) or (cur.descending and g < cur.start.group):
@@ -578,6 +590,10 @@ class TrackServer:
                     continue  # fetch streams carry no status objects
                 if not passes_range_filters(obj, cur.filters):
                     continue
+                if cur.prio_group != g:
+                    # a fetch stream carries many groups: it takes each group's priority
+                    cur.prio_group = g
+                    s.reprioritize(cur.stream_id, obj.publisher_priority, g)
                 if not s.write_fetch_object(cur.stream_id, obj.group_id, obj.subgroup_id,
                                             obj.object_id, obj.publisher_priority,
                                             obj.payload, obj.properties or None):
@@ -586,6 +602,12 @@ class TrackServer:
                     return
                 self.objects_sent += 1
                 self.bytes_sent += len(obj.payload)
+                written += len(obj.payload)
+                if window and written >= window:
+                    cur.blocked = True  # resume on DataStreamWritable
+                    self._blocked[cur.stream_id] = cur
+                    s.want_writable(cur.stream_id)
+                    return
             if g == end.group and cur.obj > end.object:
                 if not cur.descending:
                     break  # the last group of an ascending range is done
@@ -624,6 +646,7 @@ class TrackServer:
         return track.is_settled(Location(group, obj)) or track.group_closed(group)
 
     def _cursor_finished(self, cur: _Cursor) -> None:
+        self._blocked.pop(cur.stream_id, None)
         if cur.fill_id is None:
             if self._fetches.pop(cur.request_id, None) is not None:
                 self._unwatch_if_idle(cur.track)

@@ -128,6 +128,11 @@ class SessionConfig:
     max_filter_ranges: int = 16
     max_request_updates: int = 0
     setup_buffer_limit: int = 1 << 20
+    write_window: int = 0
+    """Bytes a fetch or fill stream may have queued before its sender waits for
+    :meth:`Session.stream_writable` (0: no limit). Keeps memory bounded and lets the
+    binding's scheduler interleave streams by priority instead of draining one long
+    stream first; only set it when the binding reports writability."""
     webtransport: bool = False
 
 
@@ -191,6 +196,7 @@ class _SendStream:
     request: Request
     writer: SubgroupWriter | FetchWriter
     kind: str
+    wants_writable: bool = False
 
 
 class Session:
@@ -1252,6 +1258,27 @@ class Session:
     def data_stream_open(self, stream_id: int) -> bool:
         """True while a data stream we opened can still be written."""
         return stream_id in self._send
+
+    def reprioritize(self, stream_id: int, publisher_priority: int, group_id: int) -> None:
+        """Give a fetch/fill stream the priority of the group it is now carrying."""
+        s = self._send.get(stream_id)
+        if s is not None:
+            self._emit(SetStreamPriority(stream_id, self._data_priority(
+                s.request, publisher_priority, group_id, True)))
+
+    def want_writable(self, stream_id: int) -> None:
+        """Ask for a :class:`~kvcs.moqt.events.DataStreamWritable` event once everything
+        queued on our data stream has been taken by the transport."""
+        s = self._send.get(stream_id)
+        if s is not None:
+            s.wants_writable = True
+
+    def stream_writable(self, stream_id: int) -> None:
+        """Input from the binding: everything queued on ``stream_id`` went to QUIC."""
+        s = self._send.get(stream_id)
+        if s is not None and s.wants_writable:
+            s.wants_writable = False
+            self._event(ev.DataStreamWritable(s.request.request_id, stream_id))
 
 
 def _we_subscribe(req: Request) -> bool:

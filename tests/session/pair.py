@@ -47,6 +47,10 @@ class Pair:
                 return
             self._deliver(a, self.server, "server")
             self._deliver(b, self.client, "client")
+            # like a binding: streams whose queued data went out are writable again
+            for src, acts in ((self.client, a), (self.server, b)):
+                for sid in {x.stream_id for x in acts if isinstance(x, SendStreamData)}:
+                    src.stream_writable(sid)
         raise AssertionError("sessions did not settle")
 
     def _deliver(self, actions: list, dst: Session, name: str) -> None:

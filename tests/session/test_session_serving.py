@@ -469,3 +469,55 @@ def test_publish_done_and_fin_overtaking_the_fill_stream() -> None:
     assert done.message.stream_count == 1
     assert s.p.client.actions() == [] or not s.p.closed
     assert rid not in s.p.client._requests  # forgotten once everything has ended
+
+
+def test_write_window_interleaves_fill_streams_and_tracks_group_priority() -> None:
+    """With a write window, two fill streams alternate instead of one draining first, and
+    each fill stream carries the priority of the group it is sending."""
+    from kvcs.moqt.actions import SendStreamData as _Send
+    from kvcs.moqt.actions import SetStreamPriority as _Prio
+    from kvcs.moqt.events import RequestReceived as _Req
+    from kvcs.moqt.serving import TrackServer as _Server
+    from kvcs.moqt.session import SessionConfig as _Cfg
+    from kvcs.moqt.track import CachedObject as _Obj
+    from kvcs.moqt.track import Track as _Track
+    from kvcs.moqt.wire import LocationFilter as _LF
+    from kvcs.moqt.wire import Parameters as _P
+
+    from .pair import Pair as _Pair
+
+    p = _Pair(server_cfg=_Cfg(is_client=False, write_window=4000))
+    p.pump()
+    server = _Server(p.server)
+    tracks = {}
+    for name in (b"k", b"v"):
+        t = tracks[name] = _Track((b"ns",), name, origin=True)
+        for g in range(4):
+            for o in range(4):
+                t.add(_Obj(g, o, 0, 10 * g, 0, (), bytes([g]) * 1000))
+    for name in (b"k", b"v"):
+        p.client.subscribe((b"ns",), name, _P(location_filter=_LF.next_object(),
+                                              fill=_P(location_filter=_LF.none())))
+    p.pump()
+    for e in list(p.server.events()):
+        if isinstance(e, _Req):
+            server.serve_subscribe(e.request_id, e.message, tracks[e.message.name])
+    while True:  # what an Endpoint does: pump, then hand events to the TrackServer
+        p.pump()
+        evs = list(p.server.events())
+        if not evs:
+            break
+        for e in evs:
+            server.handle(e)
+    fills = [a for who, a in p.wire if who == "client" and isinstance(a, _Send)
+             and len(a.data) == 1000]
+    order = [a.stream_id for a in fills]
+    assert len(order) == 32
+    # the two streams alternate in windows of 4 objects, not 16 then 16
+    assert order[:8].count(order[0]) == 4 and order[8:16].count(order[0]) == 4
+    prios = [a.priority for who, a in p.wire if who == "client" and isinstance(a, _Prio)
+             and a.stream_id == order[0]]
+    assert [x[2] for x in prios[-4:]] == [0, 10, 20, 30]  # publisher priority per group
+    events = list(p.client.events())
+    got = [(e.request_id, e.record.group_id) for e in events if hasattr(e, "record")]
+    assert len(got) == 32
