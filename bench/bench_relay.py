@@ -18,16 +18,26 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from cryptography import x509
+
 from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
 from kvcs.transport import QuicSettings, ensure_dev_certificate
+from kvcs.transport.certs import fingerprint_sha256
 
 OBJECT_SIZE = 32 * 1024
 PER_GROUP = 64
 NS = (b"kvcs-1", b"\x42" * 16)
 SETTINGS = QuicSettings.loopback()
 WHOLE = Parameters(location_filter=LocationFilter.none())
+
+
+def _pin(cafile: str) -> str:
+    """SHA-256 pin of the relay's self-signed certificate (works with aioquic and qh3;
+    qh3 does not accept a self-signed server certificate as its own CA)."""
+    with open(cafile, "rb") as f:
+        return fingerprint_sha256(x509.load_pem_x509_certificate(f.read()))
 
 
 async def _produce(pub: Endpoint, track: Any, groups: int, flush_ep: Endpoint) -> None:
@@ -53,7 +63,7 @@ async def _consume(sub_ep: Endpoint, name: bytes) -> int:
 async def _publisher_main(conn: Connection, url: str, cafile: str, groups: int, name: bytes,
                           announce: bool) -> None:
     """Child: connect (and announce to a relay), wait for "go", publish, report the start."""
-    pub = await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+    pub = await Endpoint.connect(url, pin_sha256=_pin(cafile), settings=SETTINGS)
     if announce:
         await pub.announce(NS)
     track = pub.create_track(NS, name)
@@ -104,7 +114,7 @@ async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
     url = f"moqt://127.0.0.1:{port}/"
     async with child_process(_publisher_process, url, cafile, groups, name, True) as child:
         await child.recv()  # ready (announced)
-        subs = [await Endpoint.connect(url, cafile=cafile, settings=SETTINGS)
+        subs = [await Endpoint.connect(url, pin_sha256=_pin(cafile), settings=SETTINGS)
                 for _ in range(subscribers)]
         consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
         await asyncio.sleep(0.2)

@@ -28,14 +28,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.asyncio.server import QuicServer
-from aioquic.h3 import events as h3events
-from aioquic.h3.connection import FrameType, H3Connection
-from aioquic.quic import events
-from aioquic.quic.connection import NetworkAddress, QuicConnection
-from aioquic.quic.packet import QuicErrorCode
-
 from kvcs.moqt.actions import (
     Action,
     CloseSession,
@@ -47,6 +39,18 @@ from kvcs.moqt.actions import (
     StreamOpener,
 )
 
+from .backend import (
+    BACKEND,
+    FrameType,
+    H3Connection,
+    NetworkAddress,
+    QuicConnection,
+    QuicConnectionProtocol,
+    QuicErrorCode,
+    QuicServer,
+    events,
+    h3events,
+)
 from .certs import fingerprint_sha256, parse_fingerprint
 from .config import ALPN_H3, ALPN_MOQT, QuicSettings
 from .scheduler import SendScheduler
@@ -166,9 +170,10 @@ class MoqtConnection(QuicConnectionProtocol):
         receive_batch: _ReceiveBatch | None = None,
     ) -> None:
         super().__init__(quic, stream_handler)
-        # peers may open many streams (aioquic hard-codes 128 concurrently)
-        quic._local_max_streams_uni.value = settings.max_streams_uni
-        quic._local_max_streams_bidi.value = settings.max_streams_bidi
+        if BACKEND == "aioquic":
+            # peers may open many streams (aioquic hard-codes 128 concurrently)
+            quic._local_max_streams_uni.value = settings.max_streams_uni
+            quic._local_max_streams_bidi.value = settings.max_streams_bidi
         self.settings = settings
         self.session: SansIOSession | None = None
         self.info: ConnectionInfo | None = None
@@ -368,7 +373,7 @@ class MoqtConnection(QuicConnectionProtocol):
     def _on_handshake(self, event: events.HandshakeCompleted) -> None:
         alpn = event.alpn_protocol
         if self._is_client and self._pin is not None:
-            cert = self._quic.tls._peer_certificate
+            cert = self._peer_certificate()
             got = fingerprint_sha256(cert) if cert is not None else "none"
             want = ":".join(f"{b:02X}" for b in self._pin)
             if got != want:
@@ -391,6 +396,18 @@ class MoqtConnection(QuicConnectionProtocol):
             )
             self._fail(ConnectionError(f"unexpected ALPN {alpn!r}"))
 
+    def _peer_certificate(self) -> Any:
+        """The server certificate (aioquic: x509 object; qh3: DER bytes) or None."""
+        if BACKEND == "qh3":  # pragma: no cover - optional backend
+            cert = self._quic.get_peercert()  # type: ignore[attr-defined]
+            return None if cert is None else bytes(cert.public_bytes())
+        return self._quic.tls._peer_certificate
+
+    def _peer_address(self) -> NetworkAddress | None:
+        if BACKEND == "qh3":  # pragma: no cover - optional backend
+            return self._quic._remote_addr  # type: ignore[attr-defined, no-any-return]
+        return self._quic.get_peer_address() or None
+
     def _create_session(
         self,
         transport: Literal["quic", "webtransport"],
@@ -403,7 +420,7 @@ class MoqtConnection(QuicConnectionProtocol):
             transport=transport,
             authority=authority,
             path=path,
-            peer_address=self._quic.get_peer_address() or None,
+            peer_address=self._peer_address(),
             alpn=alpn,
         )
         try:

@@ -13,7 +13,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from aioquic.quic.configuration import QuicConfiguration
+from .backend import BACKEND, QuicConfiguration
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,19 @@ class QuicSettings:
     def quic_configuration(
         self, *, is_client: bool, alpn_protocols: list[str]
     ) -> QuicConfiguration:
-        """Build an aioquic :class:`QuicConfiguration` (without TLS material)."""
+        """Build a :class:`QuicConfiguration` of the selected backend (without TLS
+        material). qh3 has no congestion controller choice and probes the path MTU."""
+        if BACKEND == "qh3":  # pragma: no cover - optional backend
+            return QuicConfiguration(
+                is_client=is_client,
+                alpn_protocols=list(alpn_protocols),
+                max_datagram_size=self.max_datagram_size,
+                max_data=self.max_data,
+                max_stream_data=self.max_stream_data,
+                idle_timeout=self.idle_timeout,
+                max_datagram_frame_size=self.max_datagram_frame_size,
+                probe_datagram_size=True,
+            )
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),

@@ -10,6 +10,10 @@ every ``datagrams_to_send`` by the binding.
 Bytes held back by flow control (stream credit) or by the peer's stream limit do not count
 against the watermark, and such streams are parked until they can send again, so a blocked
 stream never starves the others.
+
+With the qh3 backend (no per-stream state visible) the budget is qh3's
+``get_send_buffer_size()`` (which includes bytes held back by flow control) and streams are
+never parked.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from aioquic.quic.connection import QuicConnection
 from aioquic.quic.stream import QuicStream
+
+from .backend import BACKEND, QuicConnection
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,7 @@ class SendScheduler:
         self._parked: set[int] = set()
         self._in_quic: dict[int, QuicStream] = {}
         self._seq = 0
+        self._native = BACKEND == "qh3"  # stream state lives in qh3's native core
         self.queued_bytes = 0
         """Bytes waiting in the scheduler (not yet handed to aioquic)."""
 
@@ -116,6 +122,8 @@ class SendScheduler:
 
     def unsent_bytes(self) -> int:
         """Stream bytes in aioquic that are sendable now but not yet sent."""
+        if self._native:  # pragma: no cover - optional backend
+            return int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
         total = 0
         done: list[int] = []
         for stream_id, stream in self._in_quic.items():
@@ -137,6 +145,8 @@ class SendScheduler:
     def buffered_bytes(self) -> int:
         """Queued bytes plus bytes in aioquic not yet sent (back-pressure measure)."""
         total = self.queued_bytes
+        if self._native:  # pragma: no cover - optional backend
+            return total + int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
         for stream in self._in_quic.values():
             sender = stream.sender
             if sender._reset_error_code is None:
@@ -195,6 +205,16 @@ class SendScheduler:
                 if queue is not None and queue.seq == seq and not queue.chunks:
                     queue.in_heap = False
                 continue
+            if self._native:  # pragma: no cover - optional backend
+                view, end = queue.chunks[0]
+                take = min(view.nbytes - queue.offset, budget, self.chunk_size)
+                if not self._native_send(queue, stream_id, take):
+                    heapq.heappop(heap)
+                    self.drop(stream_id)
+                    continue
+                budget -= take
+                moved += take
+                continue
             try:
                 stream = self._stream(stream_id)
             except (ValueError, RuntimeError) as exc:
@@ -229,21 +249,41 @@ class SendScheduler:
                 self.drop(stream_id)
                 continue
             self._in_quic[stream_id] = stream
-            queue.queued -= take
-            self.queued_bytes -= take
             budget -= take
             moved += take
-            if last:
-                queue.chunks.popleft()
-                queue.offset = 0
-            else:
-                queue.offset += take
-            if fin:
-                queue.finished = True
-            if not queue.chunks:
-                heapq.heappop(heap)
-                queue.in_heap = False
-                if queue.finished:
-                    del self._queues[stream_id]
-                    self._priorities.pop(stream_id, None)
+            self._consumed(queue, stream_id, take, last, fin)
         return moved
+
+    def _consumed(self, queue: _Queue, stream_id: int, take: int, last: bool,
+                  fin: bool) -> None:
+        """Account ``take`` bytes of the head chunk of ``queue`` handed to QUIC."""
+        queue.queued -= take
+        self.queued_bytes -= take
+        if last:
+            queue.chunks.popleft()
+            queue.offset = 0
+        else:
+            queue.offset += take
+        if fin:
+            queue.finished = True
+        if not queue.chunks:
+            heapq.heappop(self._heap)
+            queue.in_heap = False
+            if queue.finished:
+                del self._queues[stream_id]
+                self._priorities.pop(stream_id, None)
+
+    def _native_send(self, queue: _Queue, stream_id: int,
+                     take: int) -> bool:  # pragma: no cover - optional backend
+        """qh3: hand ``take`` bytes of the head chunk to QUIC; False if the stream is gone."""
+        view, end = queue.chunks[0]
+        piece = view[queue.offset : queue.offset + take]
+        last = queue.offset + take == view.nbytes
+        fin = end and last
+        try:
+            self._quic.send_stream_data(stream_id, piece, end_stream=fin)
+        except Exception as exc:  # qh3 raises its own error types
+            logger.debug("stream %d: send failed (%s), dropping queued data", stream_id, exc)
+            return False
+        self._consumed(queue, stream_id, take, last, fin)
+        return True

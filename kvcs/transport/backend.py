@@ -1,0 +1,83 @@
+"""QUIC library selection: aioquic (default, tested) or qh3 (optional, faster).
+
+The backend is chosen once, at import time, from the environment variable
+``KVCS_QUIC_BACKEND`` (``aioquic`` or ``qh3``; install qh3 with the ``fast`` extra). Every
+module of :mod:`kvcs.transport` imports the QUIC classes from here.
+
+qh3 2.x keeps aioquic's asyncio/H3 surface but moves the connection into a native core,
+so some aioquic-specific tuning is unavailable with it: per-stream flow-control state (the
+send scheduler then budgets on ``get_send_buffer_size`` and does not park blocked
+streams), the peer stream limits (qh3 allows 100 bidi / 103 uni concurrent streams), the
+congestion controller choice, and the receive batching of the binding.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+BACKEND_ENV = "KVCS_QUIC_BACKEND"
+"""Environment variable naming the QUIC library."""
+
+_name = os.environ.get(BACKEND_ENV, "aioquic").strip().lower() or "aioquic"
+if _name not in ("aioquic", "qh3"):
+    raise ImportError(f"{BACKEND_ENV}={_name!r}: use 'aioquic' or 'qh3'")
+BACKEND: Literal["aioquic", "qh3"] = "qh3" if _name == "qh3" else "aioquic"
+"""The QUIC library in use."""
+
+
+def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
+    """qh3 2.x clients announce ``max_udp_payload_size=1472`` whatever their
+    ``max_datagram_size``, so servers (a relay, a publishing server) never send larger
+    datagrams to them (~35 MiB/s on loopback). Announce nothing instead (RFC 9000 default
+    65527): the sender still caps datagrams at its own ``max_datagram_size``."""
+    import qh3.quic.tls_bridge as bridge
+
+    push = bridge.push_quic_transport_parameters
+    if getattr(push, "_kvcs_patched", False):
+        return
+
+    def push_parameters(buf: Any, parameters: Any) -> None:
+        if parameters.max_udp_payload_size == 1472:
+            parameters.max_udp_payload_size = None
+        push(buf, parameters)
+
+    push_parameters._kvcs_patched = True  # type: ignore[attr-defined]
+    bridge.push_quic_transport_parameters = push_parameters
+
+
+if TYPE_CHECKING or BACKEND == "aioquic":
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.asyncio.server import QuicServer
+    from aioquic.h3 import events as h3events
+    from aioquic.h3.connection import FrameType, H3Connection
+    from aioquic.quic import events
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import NetworkAddress, QuicConnection
+    from aioquic.quic.packet import QuicErrorCode
+else:  # pragma: no cover - optional backend
+    from qh3.asyncio.protocol import QuicConnectionProtocol
+    from qh3.asyncio.server import QuicServer
+    from qh3.h3 import events as h3events
+    from qh3.h3.connection import FrameType, H3Connection
+    from qh3.quic import events
+    from qh3.quic.configuration import QuicConfiguration
+    from qh3.quic.connection import NetworkAddress, QuicConnection
+    from qh3.quic.packet import QuicErrorCode
+
+    _patch_qh3_max_udp_payload()
+
+__all__ = [
+    "BACKEND",
+    "BACKEND_ENV",
+    "FrameType",
+    "H3Connection",
+    "NetworkAddress",
+    "QuicConfiguration",
+    "QuicConnection",
+    "QuicConnectionProtocol",
+    "QuicErrorCode",
+    "QuicServer",
+    "events",
+    "h3events",
+]
