@@ -24,6 +24,7 @@ from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
 from kvcs.transport import QuicSettings, ensure_dev_certificate
+from kvcs.transport.backend import BACKEND_ENV
 from kvcs.transport.certs import fingerprint_sha256
 
 OBJECT_SIZE = 32 * 1024
@@ -130,7 +131,10 @@ async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
     return total / (t1 - t0) / 2**20
 
 
-def _start_relay(tmp: str) -> tuple[subprocess.Popen[str], int]:
+def _start_relay(tmp: str, backend: str | None = None) -> tuple[subprocess.Popen[str], int]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if backend is not None:
+        env[BACKEND_ENV] = backend
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
          "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp],
@@ -142,12 +146,16 @@ def _start_relay(tmp: str) -> tuple[subprocess.Popen[str], int]:
     return proc, port
 
 
-def main(groups: int = 40) -> dict[str, float]:
-    """Print and return the relay figures (MiB/s and ratio)."""
+def main(groups: int = 40, relay_backend: str | None = None) -> dict[str, float]:
+    """Print and return the relay figures (MiB/s and ratio).
+
+    ``relay_backend`` runs the relay process on another QUIC library (``"qh3"``) than
+    the endpoints (``KVCS_QUIC_BACKEND`` of this process, aioquic by default).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
         cafile = str(cert.certfile)
-        proc, port = _start_relay(tmp)
+        proc, port = _start_relay(tmp, relay_backend)
         try:
             d = asyncio.run(direct(cafile, groups))
             r = asyncio.run(via_relay(port, cafile, groups, 1, b"one"))
@@ -164,4 +172,4 @@ def main(groups: int = 40) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    main(relay_backend=sys.argv[1] if len(sys.argv) > 1 else None)
