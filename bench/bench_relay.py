@@ -34,6 +34,33 @@ SETTINGS = QuicSettings.loopback()
 WHOLE = Parameters(location_filter=LocationFilter.none())
 
 
+CPU_US_PER_MIB: dict[str, dict[str, float]] = {}
+"""CPU microseconds per MiB of track payload, by run and role (publisher, subscribers,
+relay), filled by :func:`direct` and :func:`via_relay`. Robust to a busy machine: on 2
+cores the 3 processes of the relay run compete for CPU, the 2 of the direct run do not."""
+
+
+def _process_cpu(pid: int | None) -> float:
+    """User+system CPU seconds of process ``pid`` (Linux /proc); 0.0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _record_cpu(run: str, payload: int, publisher: float, subscribers: float,
+                relay: float | None = None) -> None:
+    mib = payload / 2**20
+    roles = {"publisher": publisher, "subscribers": subscribers}
+    if relay is not None:
+        roles["relay"] = relay
+    CPU_US_PER_MIB[run] = {k: round(v / mib * 1e6) for k, v in roles.items()}
+
+
 def _pin(cafile: str) -> str:
     """SHA-256 pin of the relay's self-signed certificate (works with aioquic and qh3;
     qh3 does not accept a self-signed server certificate as its own CA)."""
@@ -70,9 +97,9 @@ async def _publisher_main(conn: Connection, url: str, cafile: str, groups: int, 
     track = pub.create_track(NS, name)
     conn.send("ready")
     await wait_message(conn)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await _produce(pub, track, groups, pub)
-    conn.send(start)
+    conn.send((start, time.process_time() - cpu))
     await wait_message(conn)  # the subscribers got everything
     pub.close()
     await pub.wait_closed()
@@ -98,10 +125,12 @@ async def direct(cafile: str, groups: int) -> float:
                 await asyncio.sleep(0.001)
             consumer = asyncio.create_task(_consume(eps[-1], b"direct"))
             await asyncio.sleep(0.05)
+            cpu = time.process_time()
             child.send("go")
             n = await asyncio.wait_for(consumer, CHILD_TIMEOUT)
             t1 = time.perf_counter()
-            t0 = await child.recv()
+            t0, pub_cpu = await child.recv()
+            _record_cpu("direct", n, pub_cpu, time.process_time() - cpu)
             child.send("done")
     finally:
         await server.aclose()
@@ -109,9 +138,9 @@ async def direct(cafile: str, groups: int) -> float:
 
 
 async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
-                    name: bytes) -> float:
+                    name: bytes, relay_pid: int | None = None) -> float:
     """Publisher (child process) -> relay (own process) -> N subscribers (this process);
-    aggregate subscriber MiB/s."""
+    aggregate subscriber MiB/s. With ``relay_pid`` the relay's CPU time is recorded too."""
     url = f"moqt://127.0.0.1:{port}/"
     async with child_process(_publisher_process, url, cafile, groups, name, True) as child:
         await child.recv()  # ready (announced)
@@ -119,10 +148,13 @@ async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
                 for _ in range(subscribers)]
         consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
         await asyncio.sleep(0.2)
+        cpu, relay_cpu = time.process_time(), _process_cpu(relay_pid)
         child.send("go")
         total = sum(await asyncio.wait_for(asyncio.gather(*consumers), CHILD_TIMEOUT))
         t1 = time.perf_counter()
-        t0 = await child.recv()
+        t0, pub_cpu = await child.recv()
+        _record_cpu(f"relay_{subscribers}sub", total // subscribers, pub_cpu,
+                    time.process_time() - cpu, _process_cpu(relay_pid) - relay_cpu)
         child.send("done")
         for ep in subs:
             ep.close()
@@ -158,8 +190,8 @@ def main(groups: int = 40, relay_backend: str | None = None) -> dict[str, float]
         proc, port = _start_relay(tmp, relay_backend)
         try:
             d = asyncio.run(direct(cafile, groups))
-            r = asyncio.run(via_relay(port, cafile, groups, 1, b"one"))
-            f = asyncio.run(via_relay(port, cafile, max(groups // 2, 8), 8, b"fan"))
+            r = asyncio.run(via_relay(port, cafile, groups, 1, b"one", proc.pid))
+            f = asyncio.run(via_relay(port, cafile, max(groups // 2, 8), 8, b"fan", proc.pid))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -168,6 +200,9 @@ def main(groups: int = 40, relay_backend: str | None = None) -> dict[str, float]
     print(f"relay bench ({OBJECT_SIZE // 1024} KiB objects, {PER_GROUP}/group, loopback): "
           f"direct {d:.1f} MiB/s, via relay {r:.1f} MiB/s (ratio {r / d:.2f}, target >= 0.7); "
           f"fan-out 1->8 aggregate relay egress {f:.1f} MiB/s")
+    for run, roles in CPU_US_PER_MIB.items():
+        print(f"  CPU us per MiB of track payload, {run:11s}: "
+              + ", ".join(f"{role} {us:,.0f}" for role, us in roles.items()))
     return res
 
 
