@@ -73,6 +73,8 @@ async def _produce(pub: Endpoint, track: Any, groups: int, flush_ep: Endpoint) -
     for g in range(groups):
         for o in range(PER_GROUP):
             pub.publish(track, g, o, payload)
+        # like the KV publisher: the subgroup stream ends with its group
+        pub.publish(track, g, PER_GROUP, b"", status=ObjectStatus.END_OF_GROUP)
         flush_ep.schedule_flush()
         await flush_ep.drain(8 << 20)
     pub.publish(track, groups, 0, b"", status=ObjectStatus.END_OF_TRACK)

@@ -40,6 +40,17 @@ SETTINGS: dict[str, QuicSettings] = {
 }
 
 
+CPU_US_PER_MIB: dict[str, dict[str, float]] = {}
+"""CPU microseconds per MiB moved, by benchmark and role (sender, receiver), from the
+last separate-process run: a measure that a busy machine disturbs less than MiB/s."""
+
+
+def record_cpu(run: str, payload: int, **roles: float) -> None:
+    """Store CPU seconds per role of a run that moved ``payload`` bytes."""
+    mib = payload / MiB
+    CPU_US_PER_MIB[run] = {k: round(v / mib * 1e6) for k, v in roles.items()}
+
+
 class _Sink:
     """Sans-IO stand-in that counts received stream bytes."""
 
@@ -107,9 +118,10 @@ async def _sender_main(
 ) -> None:
     sinks: list[_Sink] = []
     async with connect(url, _sink_factory(sinks), settings, pin_sha256=pin) as quic:
+        cpu = time.process_time()
         start = await _send(quic, total_bytes)
-        conn.send(start)
         await wait_message(conn)  # the receiver saw FIN
+        conn.send((start, time.process_time() - cpu))
 
 
 def _sender_process(
@@ -145,11 +157,14 @@ async def raw_stream_throughput(
                 async with child_process(
                     _sender_process, url, settings, cert.sha256, total_bytes
                 ) as child:
-                    start = await child.recv()
+                    cpu = time.process_time()
                     while not sinks:
                         await asyncio.sleep(0.001)
                     finished = await asyncio.wait_for(sinks[-1].done, CHILD_TIMEOUT)
+                    cpu = time.process_time() - cpu
                     child.send("done")
+                    start, sender_cpu = await child.recv()
+                    record_cpu("raw", total_bytes, sender=sender_cpu, receiver=cpu)
             else:
                 async with connect(
                     url, _sink_factory([]), settings, pin_sha256=cert.sha256
