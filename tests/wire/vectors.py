@@ -1,12 +1,17 @@
-"""Shared access to /work/shared/spec/moqt-22-vectors.json for the wire tests."""
+"""The MOQT draft-22 wire vectors for the wire tests.
+
+Read from the specification folder next to the repository (``../shared/spec``) when it is
+there, else from the copy committed under ``tests/vectors/`` (identical at the time of
+copying; CI runs from a clone that may live elsewhere)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-SPEC = Path("/work/shared/spec/moqt-22-vectors.json")
-_LOCAL = Path(__file__).resolve().parents[2] / "tests" / "vectors" / "moqt-22-vectors.json"
+_ROOT = Path(__file__).resolve().parents[2]
+SPEC = _ROOT.parent / "shared" / "spec" / "moqt-22-vectors.json"
+_LOCAL = _ROOT / "tests" / "vectors" / "moqt-22-vectors.json"
 
 
 def load_vectors() -> list[dict]:
