@@ -249,7 +249,10 @@ class MoqtConnection(QuicConnectionProtocol):
             if not unidirectional:
                 # aioquic 1.7.2 would parse the peer's half of a locally opened WT bidi
                 # stream as HTTP/3 frames: mark it as a WebTransport stream up front.
-                with self._h3._get_or_create_stream(stream_id) as h3stream:
+                created = self._h3._get_or_create_stream(stream_id)
+                if BACKEND == "qh3":  # pragma: no cover - qh3 returns the stream itself
+                    created = contextlib.nullcontext(created)
+                with created as h3stream:
                     h3stream.frame_type = FrameType.WEBTRANSPORT_STREAM
                     h3stream.session_id = self._wt_session_id
                     h3stream.sending_ended = True  # we never send HTTP/3 frames on it
