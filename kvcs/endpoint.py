@@ -62,6 +62,9 @@ from .transport.binding import Server
 log = logging.getLogger(__name__)
 
 OBJECTID_FILTER = 0x26
+WRITE_WINDOW = 1 << 20
+"""Bytes a fetch/fill stream may queue before its cursor waits for the transport to take
+them (the binding reports writability): bounds memory and lets streams interleave."""
 SETUP_TIMEOUT = 10.0
 """Seconds a server waits for the client's SETUP before closing the session."""
 
@@ -304,6 +307,7 @@ class Endpoint:
                 implementation=implementation,
                 webtransport=info.transport == "webtransport",
                 auth_tokens=auth_tokens,
+                write_window=WRITE_WINDOW,
             )
             if info.transport == "quic":
                 cfg.authority = (info.authority or "").encode()
@@ -725,6 +729,7 @@ async def serve_endpoints(
             webtransport=info.transport == "webtransport",
             max_filter_ranges=max_filter_ranges,
             max_request_updates=max_request_updates,
+            write_window=WRITE_WINDOW,
         ), opener)
 
     def on_session(conn: MoqtConnection) -> None:

@@ -190,6 +190,7 @@ class MoqtConnection(QuicConnectionProtocol):
         self._owns_transport = owns_transport
         self._sock = sock  # client: the socket of our own transport, read in batches
         self._receive_batch = receive_batch  # server: set while the server reads a batch
+        self._writable_scheduled = False
         self._scheduler = SendScheduler(quic, settings.send_watermark)
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._inputs = False
@@ -336,6 +337,29 @@ class MoqtConnection(QuicConnectionProtocol):
         self._timer_at = timer_at
         if self._drain_waiters:
             self._wake_drainers()
+        if scheduler.drained and not self._writable_scheduled:
+            self._writable_scheduled = True
+            self._loop.call_soon(self._report_writable)
+
+    def _report_writable(self) -> None:
+        """Tell the session which of its streams drained, let the application react (e.g.
+        a paused fetch cursor writes more), then send what it wrote."""
+        self._writable_scheduled = False
+        drained, self._scheduler.drained = self._scheduler.drained, []
+        session = self.session
+        if session is None or self._transport is None:
+            return
+        writable = getattr(session, "stream_writable", None)
+        if writable is None:
+            return
+        for stream_id in dict.fromkeys(drained):
+            writable(stream_id)
+        if self.session_changed is not None:
+            try:
+                self.session_changed(self)
+            except Exception:
+                logger.exception("session_changed hook failed")
+        self.flush()
 
     def _process_events(self) -> None:
         self._inputs = False

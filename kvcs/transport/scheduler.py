@@ -70,6 +70,9 @@ class SendScheduler:
         self._native = BACKEND == "qh3"  # stream state lives in qh3's native core
         self.queued_bytes = 0
         """Bytes waiting in the scheduler (not yet handed to aioquic)."""
+        self.drained: list[int] = []
+        """Streams whose queue emptied (all handed to QUIC) since the binding last looked;
+        the binding reports them to the session (``stream_writable``)."""
 
     # -- inputs ---------------------------------------------------------------------
 
@@ -272,6 +275,8 @@ class SendScheduler:
             if queue.finished:
                 del self._queues[stream_id]
                 self._priorities.pop(stream_id, None)
+            else:
+                self.drained.append(stream_id)
 
     def _native_send(self, queue: _Queue, stream_id: int,
                      take: int) -> bool:  # pragma: no cover - optional backend
