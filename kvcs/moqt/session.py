@@ -218,6 +218,7 @@ class Session:
         self._peer_next_request_id = self._peer_parity
         self._requests: dict[int, Request] = {}  # request id -> request
         self._by_stream: dict[int, Request] = {}  # bidi stream id -> request
+        self._opening: dict[int, ControlStreamParser] = {}  # peer bidi, first msg partial
         self._updates: dict[int, Request] = {}  # update id -> request (both directions)
         self._data: dict[int, _DataStream] = {}  # peer uni streams
         self._send: dict[int, _SendStream] = {}  # our uni streams
@@ -358,7 +359,7 @@ class Session:
             return
         req = self._by_stream.get(sid)
         if req is None:
-            if self.peer_setup is None:
+            if self._opening.pop(sid, None) is None and self.peer_setup is None:
                 self._buffer("_stream_reset", (sid, code), 0)
             return
         req.remote_fin = True
@@ -588,32 +589,22 @@ class Session:
 
     def _bidi_data(self, sid: int, data: bytes | memoryview, end: bool) -> None:
         req = self._by_stream.get(sid)
-        if req is None:
-            if self._is_local(sid):
-                return  # a request we already forgot
-            parser = ControlStreamParser()
+        if req is not None:
+            msgs = req.parser.feed(data)
+        elif self._is_local(sid):
+            return  # a request we already forgot
+        else:
+            # a new request stream: wait until its first message is complete
+            parser = self._opening.get(sid) or ControlStreamParser()
             msgs = parser.feed(data)
             if not msgs:
                 if end:
                     raise violation("request stream ended before its first message")
-                # keep the partial bytes until the first message is complete
-                req = Request(-1, sid, -1, False, GoAway(), parser=parser)
-                self._by_stream[sid] = req
+                self._opening[sid] = parser
                 return
+            self._opening.pop(sid, None)
             req = self._new_peer_request(sid, msgs[0], parser)
             msgs = msgs[1:]
-        elif req.kind == -1:
-            msgs = req.parser.feed(data)
-            if not msgs:
-                if end:
-                    raise violation("request stream ended before its first message")
-                return
-            parser = req.parser
-            del self._by_stream[sid]
-            req = self._new_peer_request(sid, msgs[0], parser)
-            msgs = msgs[1:]
-        else:
-            msgs = req.parser.feed(data)
         for msg in msgs:
             if req.local:
                 self._on_response(req, msg)
