@@ -1,0 +1,121 @@
+"""``kvcs publish``, ``kvcs fetch`` and ``kvcs inspect`` as a user runs them (subprocesses
+against an in-process relay on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kvcs.kv.files import load_kv
+from kvcs.testing import LocalNet
+
+from .conftest import BLOCK, DESC, LAYERS, PROMPT, cache, same
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+async def _run(*args: str, timeout: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvcs", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=ENV)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _files(tmp: Path) -> dict[str, str]:
+    (tmp / "desc.json").write_text(json.dumps(DESC.to_dict()))
+    np.save(tmp / "prompt.npy", PROMPT)
+    (tmp / "scope.key").write_bytes(bytes(range(32)))
+    data = cache(21)
+    np.savez(tmp / "cache.npz", k=np.stack([k for k, _ in data]).view(np.uint16),
+             v=np.stack([v for _, v in data]).view(np.uint16))
+    return {"desc": str(tmp / "desc.json"), "tokens": str(tmp / "prompt.npy"),
+            "scope": str(tmp / "scope.key"), "kv": str(tmp / "cache.npz")}
+
+
+async def test_publish_fetch_inspect(net: LocalNet, tmp_path: Path) -> None:
+    relay = await net.relay()
+    f = _files(tmp_path)
+    common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(net.cert.certfile),
+              "--descriptor", f["desc"], "--scope-key", f["scope"], "--loopback"]
+    pub = asyncio.create_task(_run("publish", *common, "--tokens", f["tokens"], "--kv", f["kv"],
+                                   "--linger", "8"))
+    out_path = tmp_path / "got.npz"
+    for _ in range(100):  # wait until the publication is announced
+        rc, out, err = await _run("inspect", *common)
+        if "1 publication(s)" in out:
+            break
+        await asyncio.sleep(0.1)
+    assert rc == 0, err
+    assert "manifest v" in out and f"{LAYERS} layers" in out and "complete=True" in out
+    rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"], "--out", str(out_path),
+                              "--layers", "1:4", "--blocks", "3")
+    assert rc == 0, err
+    assert "verified layer 3/3" in out
+    got = load_kv_layers(out_path)
+    data = cache(21)
+    for i in (1, 2, 3):
+        assert same(got[i][0], data[i][0][: 3 * BLOCK]) and same(got[i][1], data[i][1][: 3 * BLOCK])
+    rc, out, err = await pub
+    assert rc == 0, err
+    assert "publication complete" in out and f"layer {LAYERS}/{LAYERS}" in out
+
+
+def load_kv_layers(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Layers written by ``kvcs fetch`` (bfloat16 stored as uint16 in .npz)."""
+    with np.load(path) as z:
+        names = sorted({int(n.split(".")[1]) for n in z.files})
+        import ml_dtypes
+
+        return {i: (z[f"k.{i}"].view(ml_dtypes.bfloat16), z[f"v.{i}"].view(ml_dtypes.bfloat16))
+                for i in names}
+
+
+async def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
+    f = _files(tmp_path)
+    rc, out, err = await _run("fetch", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
+                              str(tmp_path / "missing.json"), "--tokens", f["tokens"],
+                              "--scope-key", f["scope"], "--out", str(tmp_path / "x.npz"))
+    assert rc == 2 and err.count("\n") == 1 and "missing.json" in err
+    (tmp_path / "bad.json").write_text('{"kvsp": 1}')
+    rc, _, err = await _run("publish", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
+                            str(tmp_path / "bad.json"), "--tokens", f["tokens"], "--scope-key",
+                            f["scope"], "--kv", f["kv"])
+    assert rc == 2 and err.count("\n") == 1 and "bad.json" in err
+    rc, _, err = await _run("fetch", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
+                            f["desc"], "--tokens", f["tokens"], "--scope-key", f["scope"],
+                            "--out", "x.npz", "--layers", "5:2")
+    assert rc == 2 and "--layers" in err and err.count("\n") == 1
+    rc, _, err = await _run("fetch", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
+                            f["desc"], "--tokens", f["tokens"], "--scope-key",
+                            str(tmp_path / "desc.json"), "--out", "x.npz")
+    assert rc == 2 and "scope key" in err and err.count("\n") == 1
+
+
+def test_kv_file_formats(tmp_path: Path) -> None:
+    """.npz with stacked bits, per-layer .npz and .safetensors all load the same arrays."""
+    from kvcs.kv.files import FileFormatError, save_kv
+
+    f = _files(tmp_path)
+    ks, vs = load_kv(f["kv"], DESC)
+    data = cache(21)
+    assert all(same(k, d[0]) for k, d in zip(ks, data, strict=True))
+    for suffix in (".npz", ".safetensors"):
+        path = tmp_path / f"layers{suffix}"
+        save_kv(path, [(i, k, v) for i, (k, v) in enumerate(data)])
+        k2, v2 = load_kv(path, DESC)
+        assert all(same(a, b) for a, b in zip(k2, ks, strict=True))
+        assert all(same(a, b) for a, b in zip(v2, vs, strict=True))
+    np.savez(tmp_path / "short.npz", k=np.zeros((2, 4, 2, 64), np.uint16))
+    try:
+        load_kv(tmp_path / "short.npz", DESC)
+    except FileFormatError as exc:
+        assert "short.npz" in str(exc)
+    else:
+        raise AssertionError("a malformed file must be refused")
