@@ -446,10 +446,14 @@ class Endpoint:
 
     # ----------------------------------------------------------------- consuming
 
-    def _params(self, params: Parameters | None) -> Parameters:
+    def _params(self, params: Parameters | None, **fields: Any) -> Parameters:
+        """``params`` (or new ones) with our auth tokens and every given non-None field."""
         p = params or Parameters()
         if self.auth_tokens and not p.auth_tokens:
             p.auth_tokens = self.auth_tokens
+        for name, value in fields.items():
+            if value is not None and value != ():
+                setattr(p, name, value)
         return p
 
     async def subscribe(
@@ -470,19 +474,9 @@ class Endpoint:
         The exactly-once pattern: ``location_filter=LocationFilter.next_object()`` with
         ``fill=Parameters(location_filter=LocationFilter.none())``.
         """
-        p = self._params(params)
-        if location_filter is not None:
-            p.location_filter = location_filter
-        if fill is not None:
-            p.fill = fill
-        if priority is not None:
-            p.subscriber_priority = priority
-        if group_order is not None:
-            p.group_order = group_order
-        if forward is not None:
-            p.forward = forward
-        if range_filters:
-            p.range_filters = range_filters
+        p = self._params(params, location_filter=location_filter, fill=fill,
+                         subscriber_priority=priority, group_order=group_order,
+                         forward=forward, range_filters=range_filters)
         rid = self.session.subscribe(namespace, name, p)
         sub = Subscription(self, rid)
         self._requests[rid] = sub
@@ -502,14 +496,9 @@ class Endpoint:
         params: Parameters | None = None,
     ) -> FetchResult:
         """FETCH and wait for FETCH_OK; iterate the result for objects."""
-        p = self._params(params)
-        if location_filter is not None:
-            p.location_filter = location_filter
-        if priority is not None:
-            p.subscriber_priority = priority
-        p.group_order = group_order
-        if range_filters:
-            p.range_filters = range_filters
+        p = self._params(params, location_filter=location_filter,
+                         subscriber_priority=priority, group_order=group_order,
+                         range_filters=range_filters)
         rid = self.session.fetch(namespace, name, p)
         res = FetchResult(self, rid)
         self._requests[rid] = res

@@ -23,8 +23,10 @@ from .transport import DevCertificate, QuicSettings, ensure_dev_certificate
 class LocalNet:
     """Relays and endpoints on loopback; :meth:`aclose` (or ``async with``) ends them."""
 
-    def __init__(self, cert_dir: str | Path, settings: QuicSettings | None = None) -> None:
-        self.cert: DevCertificate = ensure_dev_certificate(Path(cert_dir))
+    def __init__(self, cert: str | Path | DevCertificate,
+                 settings: QuicSettings | None = None) -> None:
+        self.cert: DevCertificate = (cert if isinstance(cert, DevCertificate)
+                                     else ensure_dev_certificate(Path(cert)))
         self.settings = settings or QuicSettings.loopback()
         self.relays: list[Relay] = []
         self.endpoints: list[Endpoint] = []
@@ -36,16 +38,18 @@ class LocalNet:
         await self.aclose()
 
     async def relay(self, relay_class: type[Relay] = Relay, *,
-                    authorizer: Authorizer | None = None, upstream: Relay | None = None,
+                    authorizer: Authorizer | None = None, upstream: Relay | str | None = None,
                     **config: Any) -> Relay:
         """Start a relay (anonymous unless ``authorizer``/``auth`` is given); ``upstream``
-        chains it below another local relay."""
+        (a local relay or a URL) chains it below another relay; ``config`` are
+        :class:`~kvcs.relay.RelayConfig` fields."""
         cfg = RelayConfig(listen="127.0.0.1:0", tls_cert=str(self.cert.certfile),
                           tls_key=str(self.cert.keyfile), quic_preset="loopback",
-                          goaway_grace=0.1, **config)
+                          **{"goaway_grace": 0.1, **config})
         if upstream is not None:
-            cfg.upstream = f"moqt://127.0.0.1:{upstream.port}/"
-            cfg.upstream_cafile = str(self.cert.certfile)
+            cfg.upstream = (upstream if isinstance(upstream, str)
+                            else f"moqt://127.0.0.1:{upstream.port}/")
+            cfg.upstream_cafile = cfg.upstream_cafile or str(self.cert.certfile)
         if authorizer is None and not cfg.auth:
             cfg.anonymous = True
         relay = relay_class(cfg, authorizer, self.settings)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ import pytest
 
 from kvcs.endpoint import Endpoint
 from kvcs.moqt.wire import AuthToken, LocationFilter, ObjectStatus, Parameters
-from kvcs.relay import Authorizer, Relay, RelayConfig
+from kvcs.relay import Authorizer, Relay
+from kvcs.testing import LocalNet
 from kvcs.transport import DevCertificate, QuicSettings, ensure_dev_certificate
 
 SETTINGS = QuicSettings.loopback()
@@ -38,41 +38,12 @@ def token(value: bytes) -> tuple[AuthToken, ...]:
     return (AuthToken(3, token_type=0, value=value),)
 
 
-class Env:
-    """Relays and endpoints of one test; everything is closed at the end."""
+class Env(LocalNet):
+    """Relays and endpoints of one test (positional authorizer); closed at the end."""
 
-    def __init__(self, cert: DevCertificate) -> None:
-        self.cert = cert
-        self.relays: list[Relay] = []
-        self.endpoints: list[Endpoint] = []
-
-    async def relay(self, authorizer: Authorizer | None = None, **kw: Any) -> Relay:
-        cfg = RelayConfig(listen="127.0.0.1:0", tls_cert=str(self.cert.certfile),
-                          tls_key=str(self.cert.keyfile), quic_preset="loopback",
-                          goaway_grace=0.2, **kw)
-        if authorizer is None and not cfg.auth:
-            cfg.anonymous = True
-        relay = Relay(cfg, authorizer, SETTINGS)
-        await relay.start()
-        self.relays.append(relay)
-        return relay
-
-    async def client(self, relay: Relay, tok: bytes | None = None,
-                     scheme: str = "moqt") -> Endpoint:
-        ep = await Endpoint.connect(f"{scheme}://127.0.0.1:{relay.port}/relay",
-                                    cafile=str(self.cert.certfile), settings=SETTINGS,
-                                    auth_tokens=token(tok) if tok else ())
-        self.endpoints.append(ep)
-        return ep
-
-    async def aclose(self) -> None:
-        for ep in self.endpoints:
-            ep.close()
-        for ep in self.endpoints:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ep.wait_closed(), 2)
-        for relay in reversed(self.relays):
-            await relay.stop(grace=0)
+    async def relay(self, authorizer: Authorizer | None = None,  # type: ignore[override]
+                    **kw: Any) -> Relay:
+        return await super().relay(authorizer=authorizer, goaway_grace=0.2, **kw)
 
 
 @pytest.fixture
