@@ -23,7 +23,7 @@ from .data import (
     is_subgroup_type,
 )
 from .messages import Message, decode_message
-from .properties import decode_kvps
+from .properties import Properties, decode_kvps
 from .types import MAX_VI64, VALID_STATUSES
 from .vi64 import VI64_LEN, VI64_MASK, decode_vi64
 
@@ -185,17 +185,9 @@ class DataStreamParser:
             p += 1
         else:
             delta, p = decode_vi64(b, p)
-        props = ()
+        props: Properties = ()
         if self._props:
-            plen, p = decode_vi64(b, p)
-            if plen:
-                if plen > self._max:
-                    raise violation(f"object properties length {plen} over limit")
-                end = p + plen
-                if end > n:
-                    raise NeedMore
-                props = decode_kvps(b[p:end])
-                p = end
+            props, p = self._properties(b, p, n)
         if p >= n:
             raise NeedMore
         c = b[p]
@@ -310,17 +302,9 @@ class DataStreamParser:
             prio = self._prio
             if prio is None:
                 raise violation("priority refers to a missing prior object")
-        props = ()
+        props: Properties = ()
         if flags & 0x20:
-            plen, p = decode_vi64(b, p)
-            if plen:
-                if plen > self._max:
-                    raise violation(f"object properties length {plen} over limit")
-                end = p + plen
-                if end > n:
-                    raise NeedMore
-                props = decode_kvps(b[p:end])
-                p = end
+            props, p = self._properties(b, p, n)
         ln, p = decode_vi64(b, p)
         # commit
         self._g = g
@@ -342,6 +326,18 @@ class DataStreamParser:
         return self._parse_header(b, p)
 
     # ------------------------------------------------------------------------- feed
+
+    def _properties(self, b: memoryview, p: int, n: int) -> tuple[Properties, int]:
+        """An object's Properties (length + KVPs) at ``p``; NeedMore if incomplete."""
+        plen, p = decode_vi64(b, p)
+        if not plen:
+            return (), p
+        if plen > self._max:
+            raise violation(f"object properties length {plen} over limit")
+        end = p + plen
+        if end > n:
+            raise NeedMore
+        return decode_kvps(b[p:end]), end
 
     def _copy(self, mv: memoryview, p: int, n: int, out: list[StreamItem]) -> int:
         dst = self._dst
