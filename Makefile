@@ -20,10 +20,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH)

@@ -75,7 +75,7 @@ async def _connect(args: argparse.Namespace) -> Any:
     from .moqt.wire import AuthToken
     from .transport import QuicSettings
 
-    tokens = ()
+    tokens: tuple[AuthToken, ...] = ()
     if args.token:
         tokens = (AuthToken(3, token_type=0, value=args.token.encode()),)
     settings = QuicSettings.loopback() if args.loopback else QuicSettings()

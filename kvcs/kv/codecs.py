@@ -108,7 +108,7 @@ def raw_section(block: np.ndarray) -> memoryview:
     dt = _check_block(block)
     if block.dtype != dt or not block.flags.c_contiguous:
         block = np.ascontiguousarray(block, dtype=dt)
-    return memoryview(block.reshape(-1).view(np.uint8))
+    return block.reshape(-1).view(np.uint8).data
 
 
 def _shuffle(raw: memoryview, itemsize: int) -> bytes:

@@ -378,7 +378,7 @@ class _Retrieval:
             self.tracks = {"k": f"k.raw.s{seg.segment}", "v": f"v.raw.s{seg.segment}"}
         else:
             raise ManifestError(f"segment {seg.segment} offers no usable tracks: {seg.tracks}")
-        self.codecs = {c: TrackName.parse(t).codec for c, t in self.tracks.items()}
+        self.codecs = {c: TrackName.parse(t).codec or "raw" for c, t in self.tracks.items()}
         self.bufs: dict[int, _LayerBuf] = {}
         self.done_layers: set[int] = set()
         self.next_yield = layers.start

@@ -139,6 +139,6 @@ def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]
             save_file(data, str(p))
         else:
             with p.open("wb") as f:
-                np.savez(f, **data)
+                np.savez(f, **data)  # type: ignore[arg-type]  # numpy stub: kwds vs flags
     except OSError as exc:
         raise FileFormatError(f"{path}: {exc.strerror or exc}") from None

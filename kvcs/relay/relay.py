@@ -301,13 +301,13 @@ class Relay:
         self.peers.pop(peer.id, None)
         self._dirty.discard(peer)
         # requests it made
-        for link in list(peer.waiting.values()):
-            link.waiting = [(p, r) for p, r in link.waiting if p is not peer]
+        for waited in list(peer.waiting.values()):
+            waited.waiting = [(p, r) for p, r in waited.waiting if p is not peer]
         peer.waiting.clear()
-        for rid, link in list(peer.served.items()):
-            if link is not None:
-                link.downstream.pop((peer.id, rid), None)
-                self._maybe_idle(link)
+        for rid, served in list(peer.served.items()):
+            if served is not None:
+                served.downstream.pop((peer.id, rid), None)
+                self._maybe_idle(served)
         peer.served.clear()
         for rid in list(peer.watchers):
             self._drop_watcher(peer, rid)
@@ -477,10 +477,12 @@ class Relay:
         peer.served[rid] = link
         if link is not None:
             link.downstream[(peer.id, rid)] = peer
-        if isinstance(m, Fetch):
+        if isinstance(m, Subscribe):
+            ok = srv.serve_subscribe(rid, m, track)
+        else:
+            assert isinstance(m, Fetch)
             peer.fetches.add(rid)
-        ok = (srv.serve_subscribe(rid, m, track) if isinstance(m, Subscribe)
-              else srv.serve_fetch(rid, m, track))
+            ok = srv.serve_fetch(rid, m, track)
         if ok:
             self._ok(kind)
         else:

@@ -43,7 +43,7 @@ def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
         push(buf, parameters)
 
     push_parameters._kvcs_patched = True  # type: ignore[attr-defined]
-    bridge.push_quic_transport_parameters = push_parameters
+    bridge.push_quic_transport_parameters = push_parameters  # type: ignore[assignment]
 
 
 if TYPE_CHECKING or BACKEND == "aioquic":

@@ -252,7 +252,7 @@ class MoqtConnection(QuicConnectionProtocol):
                 # stream as HTTP/3 frames: mark it as a WebTransport stream up front.
                 created = self._h3._get_or_create_stream(stream_id)
                 if BACKEND == "qh3":  # pragma: no cover - qh3 returns the stream itself
-                    created = contextlib.nullcontext(created)
+                    created = contextlib.nullcontext(created)  # type: ignore[assignment]
                 with created as h3stream:
                     h3stream.frame_type = FrameType.WEBTRANSPORT_STREAM
                     h3stream.session_id = self._wt_session_id

@@ -94,7 +94,8 @@ def _is_usable(
     now = datetime.datetime.now(datetime.UTC)
     if cert.not_valid_before_utc > now or cert.not_valid_after_utc - now < min_remaining:
         return False
-    if cert.public_key().public_numbers() != key.public_key().public_numbers():
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
         return False
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

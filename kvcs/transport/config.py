@@ -136,7 +136,7 @@ class QuicSettings:
                 max_stream_data=self.max_stream_data,
                 idle_timeout=self.idle_timeout,
                 max_datagram_frame_size=self.max_datagram_frame_size,
-                probe_datagram_size=True,
+                probe_datagram_size=True,  # type: ignore[call-arg]  # qh3 only
             )
         return QuicConfiguration(
             is_client=is_client,

@@ -286,7 +286,7 @@ class SendScheduler:
         last = queue.offset + take == view.nbytes
         fin = end and last
         try:
-            self._quic.send_stream_data(stream_id, piece, end_stream=fin)
+            self._quic.send_stream_data(stream_id, piece, end_stream=fin)  # type: ignore[arg-type]
         except Exception as exc:  # qh3 raises its own error types
             logger.debug("stream %d: send failed (%s), dropping queued data", stream_id, exc)
             return False

@@ -79,9 +79,9 @@ def load_kv_layers(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 async def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
     f = _files(tmp_path)
-    rc, out, err = await _run("fetch", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
-                              str(tmp_path / "missing.json"), "--tokens", f["tokens"],
-                              "--scope-key", f["scope"], "--out", str(tmp_path / "x.npz"))
+    rc, _, err = await _run("fetch", "--relay", "moqt://127.0.0.1:9/", "--descriptor",
+                            str(tmp_path / "missing.json"), "--tokens", f["tokens"],
+                            "--scope-key", f["scope"], "--out", str(tmp_path / "x.npz"))
     assert rc == 2 and err.count("\n") == 1 and "missing.json" in err
     (tmp_path / "bad.json").write_text('{"kvsp": 1}')
     rc, _, err = await _run("publish", "--relay", "moqt://127.0.0.1:9/", "--descriptor",

@@ -299,9 +299,9 @@ class DataStreamParser:
             prio = b[p]
             p += 1
         else:
-            prio = self._prio
-            if prio is None:
+            if self._prio is None:
                 raise violation("priority refers to a missing prior object")
+            prio = self._prio
         props: Properties = ()
         if flags & 0x20:
             props, p = self._properties(b, p, n)
@@ -327,7 +327,8 @@ class DataStreamParser:
 
     # ------------------------------------------------------------------------- feed
 
-    def _properties(self, b: memoryview, p: int, n: int) -> tuple[Properties, int]:
+    def _properties(self, b: bytes | bytearray | memoryview, p: int,
+                    n: int) -> tuple[Properties, int]:
         """An object's Properties (length + KVPs) at ``p``; NeedMore if incomplete."""
         plen, p = decode_vi64(b, p)
         if not plen:
