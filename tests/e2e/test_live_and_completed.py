@@ -99,3 +99,35 @@ async def test_completed_through_two_relays(net: LocalNet) -> None:
     got2 = [layer async for layer in again.layers(found, range(1, 4), blocks=7)]
     assert [x.index for x in got2] == [1, 2, 3]
     assert all(np.array_equal(a.k, b.k) for a, b in zip(got, got2, strict=True))
+
+
+async def test_joint_tracks_q8_and_zstd(net: LocalNet) -> None:
+    """The optional joint ``kv.<codec>`` track: zstd is lossless, q8 within its bound."""
+    from kvcs.kv.publisher import PublisherOptions
+
+    relay = await net.relay()
+    data = cache(7)
+    for codec in ("zstd", "q8"):
+        pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
+                          PublisherOptions(joint_codec=codec))
+        for i, (k, v) in enumerate(data):
+            await pub.put_layer(i, k, v)
+        await pub.finish()
+        consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, codec=codec)
+        found = next(p for p in await consumer.discover_all()
+                     if p.namespace.publication_id == pub.publication_id)
+        m = await consumer.manifest(found)
+        assert f"kv.{codec}.s0" in m.segments[0].tracks
+        got = [x async for x in consumer.layers(found, manifest=m)]
+        assert [x.index for x in got] == list(range(LAYERS))
+        for layer in got:
+            k, v = data[layer.index]
+            if codec == "zstd":
+                assert same(layer.k, k) and same(layer.v, v)
+            else:
+                for a, b in ((layer.k, k), (layer.v, v)):
+                    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+                    # per row: |error| <= scale/2 plus bfloat16/float16 rounding
+                    scale = np.abs(b32).max(axis=-1, keepdims=True) / 127
+                    assert np.all(np.abs(a32 - b32) <= scale * 0.51 + np.abs(b32) / 128)
+        assert consumer.stats.rejected == 0
