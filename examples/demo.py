@@ -89,14 +89,6 @@ async def main() -> int:
     await asyncio.wait_for(relay.wait(), 30)
     await relay_task
 
-    # live decode got layer 0 before the prefill published its last layer?
-    def t(lines: list[str], pat: str) -> float | None:
-        for x in lines:
-            m = re.search(pat, x)
-            if m:
-                return float(m.group(1))
-        return None
-
     ok = rc_live == 0 and rc_late == 0 and rc_prefill == 0
     print("", flush=True)
     print(f"demo: prefill exit {rc_prefill}, decode-live exit {rc_live}, "
@@ -106,7 +98,6 @@ async def main() -> int:
           flush=True)
     print("demo: " + ("PASS - both decode workers hold exactly the published KV cache"
                       if ok else "FAIL"), flush=True)
-    del t
     return 0 if ok else 1
 
 
