@@ -341,10 +341,6 @@ class TrackServer:
         """Number of live subscriptions and fetches being served."""
         return len(self._subs) + len(self._fetches)
 
-    def pending_fetches(self) -> int:
-        """Fetches still delivering."""
-        return sum(1 for c in self._fetches.values() if not c.done)
-
     # ------------------------------------------------------------- ranges
 
     @staticmethod

@@ -290,11 +290,6 @@ class Track:
         """Mark the track as used now (LRU eviction)."""
         self.last_used = self._clock()
 
-    @property
-    def newest_arrival(self) -> float:
-        """Monotonic time the newest object arrived (creation time if none)."""
-        return self._newest
-
     def expired(self, now: float | None = None) -> bool:
         """True once every object is older than MAX_CACHE_DURATION (if set)."""
         dur = self.max_cache_duration_ms

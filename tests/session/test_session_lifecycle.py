@@ -489,3 +489,32 @@ def test_stop_sending_on_a_data_stream_resets_only_it() -> None:
     p.pump()
     objs = of_type(p.events(p.client), ev.ObjectReceived)
     assert [(o.stream_id, bytes(o.record.payload)) for o in objs] == [(sid_b, b"c")]
+
+
+def test_end_of_range_marker_and_requester_fin() -> None:
+    """A fetch stream may carry End of Range markers; a requester may FIN its side early."""
+    from kvcs.moqt import events as _ev
+    from kvcs.moqt.wire import END_OF_UNKNOWN_RANGE, Location
+
+    from .pair import Pair as _Pair
+
+    p = _Pair()
+    p.pump()
+    rid = p.client.fetch((b"ns",), b"t")
+    p.client.finish_request(rid)  # we will send no REQUEST_UPDATE
+    p.pump()
+    (req,) = [e for e in p.server.events() if isinstance(e, _ev.RequestReceived)]
+    p.server.fetch_ok(rid, Location(0, 9))
+    sid = p.server.open_fetch_stream(rid)
+    p.server.write_fetch_object(sid, 0, 0, 0, 128, b"a")
+    p.server.write_end_of_range(sid, END_OF_UNKNOWN_RANGE, 0, 5)
+    p.server.write_fetch_object(sid, 0, 0, 6, 128, b"b")
+    p.server.end_data_stream(sid)
+    p.pump()
+    evs = list(p.client.events())
+    objs = [e.record.object_id for e in evs if isinstance(e, _ev.ObjectReceived)]
+    marks = [e.marker for e in evs if isinstance(e, _ev.RangeMarkerReceived)]
+    assert objs == [0, 6]
+    assert [(m.kind, m.group_id, m.object_id) for m in marks] == [(END_OF_UNKNOWN_RANGE, 0, 5)]
+    assert any(isinstance(e, _ev.DataStreamEnded) and e.reset_code is None for e in evs)
+    assert not p.closed
