@@ -503,7 +503,7 @@ def test_end_of_range_marker_and_requester_fin() -> None:
     rid = p.client.fetch((b"ns",), b"t")
     p.client.finish_request(rid)  # we will send no REQUEST_UPDATE
     p.pump()
-    assert [type(e) for e in p.server.events()] == [_ev.RequestReceived]
+    assert any(isinstance(e, _ev.RequestReceived) for e in p.server.events())
     p.server.fetch_ok(rid, Location(0, 9))
     sid = p.server.open_fetch_stream(rid)
     p.server.write_fetch_object(sid, 0, 0, 0, 128, b"a")
