@@ -584,10 +584,9 @@ class Endpoint:
             elif isinstance(target, NamespaceWatch):
                 _resolve(target._accepted, e.message)
             elif isinstance(target, asyncio.Future):
+                # TRACK_STATUS or PUBLISH_NAMESPACE answered (announce() keeps the latter)
+                self._requests.pop(rid, None)  # type: ignore[arg-type]
                 _resolve(target, e.message)
-                if isinstance(target, asyncio.Future) and rid not in self.announced.values():
-                    # TRACK_STATUS done; PUBLISH_NAMESPACE stays registered by announce()
-                    pass
         elif isinstance(e, ev.RequestRejected):
             m: RequestError = e.message
             exc = MoqtRequestError(m.code, m.reason, m.retry_interval)
