@@ -144,3 +144,39 @@ async def test_manifest_with_another_compat_id_is_discarded(net: LocalNet) -> No
     assert found is not None and found.prefix_blocks == BLOCKS
     _check([x async for x in consumer.layers(found, range(0, 2))], data)
     assert np.array_equal(found.namespace.compat_id, DESC.compat_id)
+
+
+async def test_live_signed_layers_confirmed_by_later_manifest_versions(net: LocalNet) -> None:
+    """Live + authenticity required: each layer is yielded once a newer signed manifest
+    lists its digests (object_digests), while production goes on."""
+    import asyncio
+
+    key = ProducerKey.generate("prefill-live")
+    keyring = Keyring()
+    keyring.add_producer(key)
+    relay = await net.relay()
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
+                      PublisherOptions(producer_key=key, manifest_every=2))
+    await pub.start()
+    data = cache(17)
+    started = asyncio.Event()
+
+    async def produce() -> None:
+        for i, (k, v) in enumerate(data):
+            await pub.put_layer(i, k, v)
+            if i == 0:
+                started.set()
+            await asyncio.sleep(0.1)
+        await pub.finish()
+
+    task = asyncio.create_task(produce())
+    await started.wait()
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
+                          require_signed=True)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.layers(found)]
+    await task
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    assert consumer.stats.rejected == 0
