@@ -131,3 +131,22 @@ async def test_joint_tracks_q8_and_zstd(net: LocalNet) -> None:
                     scale = np.abs(b32).max(axis=-1, keepdims=True) / 127
                     assert np.all(np.abs(a32 - b32) <= scale * 0.51 + np.abs(b32) / 128)
         assert consumer.stats.rejected == 0
+
+
+async def test_over_webtransport(net: LocalNet) -> None:
+    """Publisher on raw QUIC, consumer on WebTransport (https://) to the same relay port."""
+    relay = await net.relay()
+    data = cache(8)
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)
+    for i, (k, v) in enumerate(data):
+        await pub.put_layer(i, k, v)
+    await pub.finish()
+    ep = await net.client(relay, scheme="https")
+    assert ep.conn.is_webtransport
+    consumer = KvConsumer(ep, SCOPE, DESC, PROMPT)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.layers(found)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    for layer in got:
+        assert same(layer.k, data[layer.index][0]) and same(layer.v, data[layer.index][1])
