@@ -31,7 +31,7 @@ from .moqt import events as ev
 from .moqt.errors import RequestErrorCode, SessionCode
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
-from .moqt.track import CachedObject, Track
+from .moqt.track import Track, origin_track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
@@ -160,6 +160,11 @@ class _Stream:
         """True once the request has ended (cleanly or not)."""
         return self._finished
 
+    async def cancel(self) -> None:
+        """Cancel the request (reset + STOP_SENDING); the iterator ends."""
+        self.endpoint._cancel(self.request_id)
+        self._end()
+
 
 class Subscription(_Stream):
     """A subscription: iterate it for objects (fill-delivered and live) until it ends."""
@@ -189,13 +194,6 @@ class Subscription(_Stream):
         self.endpoint.flush()
         return await fut
 
-    async def cancel(self) -> None:
-        """Cancel the subscription (reset + STOP_SENDING); the iterator ends."""
-        self.endpoint.session.cancel(self.request_id)
-        self.endpoint._requests.pop(self.request_id, None)
-        self.endpoint.flush()
-        self._end()
-
 
 class FetchResult(_Stream):
     """A fetch: iterate it for objects until the fetch stream ends."""
@@ -205,12 +203,6 @@ class FetchResult(_Stream):
         self.ok: FetchOk | None = None
         self._accepted: asyncio.Future[FetchOk] = asyncio.get_running_loop().create_future()
 
-    async def cancel(self) -> None:
-        """Cancel the fetch."""
-        self.endpoint.session.cancel(self.request_id)
-        self.endpoint._requests.pop(self.request_id, None)
-        self.endpoint.flush()
-        self._end()
 
 
 class NamespaceWatch:
@@ -245,9 +237,7 @@ class NamespaceWatch:
 
     async def cancel(self) -> None:
         """Stop watching."""
-        self.endpoint.session.cancel(self.request_id)
-        self.endpoint._requests.pop(self.request_id, None)
-        self.endpoint.flush()
+        self.endpoint._cancel(self.request_id)
         self._queue.put_nowait(_END)
 
 
@@ -390,6 +380,11 @@ class Endpoint:
             log.warning("peer sent no SETUP within %.0f s: closing", SETUP_TIMEOUT)
             self.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
 
+    def _cancel(self, request_id: int) -> None:
+        self.session.cancel(request_id)
+        self._requests.pop(request_id, None)
+        self.flush()
+
     def _on_connection_closed(self) -> None:
         self.session.connection_lost(None, "connection closed")
         self._dispatch()
@@ -399,11 +394,7 @@ class Endpoint:
     def create_track(self, namespace: TrackNamespace, name: bytes,
                      properties: Properties = ()) -> Track:
         """Create (or return) a local track that this endpoint serves to its peer."""
-        key = (tuple(namespace), bytes(name))
-        track = self.tracks.get(key)
-        if track is None:
-            track = self.tracks[key] = Track(namespace, name, properties, origin=True)
-        return track
+        return origin_track(self.tracks, namespace, name, properties)
 
     def add_track(self, track: Track) -> None:
         """Serve an existing track (e.g. one shared by several endpoints)."""
@@ -413,9 +404,8 @@ class Endpoint:
                 *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
                 subgroup_id: int = 0, properties: Properties = ()) -> None:
         """Add one object to a local track; live subscribers get it at once."""
-        prio = track.default_priority if priority is None else priority
-        track.add(CachedObject(group_id, object_id, subgroup_id, prio, status,
-                               tuple(properties), payload))
+        track.append(group_id, object_id, payload, status=status, priority=priority,
+                     subgroup_id=subgroup_id, properties=properties)
         self.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from .endpoint import Endpoint, serve_endpoints
-from .moqt.track import CachedObject, Track
+from .moqt.track import Track, origin_track
 from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace, namespace_has_prefix
 from .transport import QuicSettings
 from .transport.binding import Server
@@ -47,19 +47,14 @@ class TrackHost:
     def create_track(self, namespace: TrackNamespace, name: bytes,
                      properties: Properties = ()) -> Track:
         """Create (or return) a local origin track."""
-        key = (tuple(namespace), bytes(name))
-        track = self.tracks.get(key)
-        if track is None:
-            track = self.tracks[key] = Track(namespace, name, properties, origin=True)
-        return track
+        return origin_track(self.tracks, namespace, name, properties)
 
     def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
                 *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
                 subgroup_id: int = 0, properties: Properties = ()) -> None:
         """Add one object; every live subscriber on every session gets it."""
-        prio = track.default_priority if priority is None else priority
-        track.add(CachedObject(group_id, object_id, subgroup_id, prio, status,
-                               tuple(properties), payload))
+        track.append(group_id, object_id, payload, status=status, priority=priority,
+                     subgroup_id=subgroup_id, properties=properties)
         for ep in self.endpoints:
             ep.schedule_flush()
 

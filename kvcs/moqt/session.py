@@ -1188,11 +1188,9 @@ class Session:
                            payload: bytes | memoryview, properties: Properties | None = None,
                            datagram: bool = False) -> bool:
         """Write one object on a fetch/fill stream; False if the stream is gone."""
-        s = self._send.get(stream_id)
-        if s is None or self.closed is not None:
+        writer = self._fetch_writer(stream_id)
+        if writer is None:
             return False
-        writer = s.writer
-        assert isinstance(writer, FetchWriter)
         prefix = writer.object_prefix(group_id, subgroup_id, object_id, publisher_priority,
                                       len(payload), properties, datagram)
         self._actions.append(SendStreamData(stream_id, prefix))
@@ -1200,14 +1198,19 @@ class Session:
             self._actions.append(SendStreamData(stream_id, payload))
         return True
 
+    def _fetch_writer(self, stream_id: int) -> FetchWriter | None:
+        s = self._send.get(stream_id)
+        if s is None or self.closed is not None:
+            return None
+        assert isinstance(s.writer, FetchWriter)
+        return s.writer
+
     def write_end_of_range(self, stream_id: int, kind: int, group_id: int,
                            object_id: int) -> bool:
         """Write an End of Range marker on a fetch/fill stream."""
-        s = self._send.get(stream_id)
-        if s is None or self.closed is not None:
+        writer = self._fetch_writer(stream_id)
+        if writer is None:
             return False
-        writer = s.writer
-        assert isinstance(writer, FetchWriter)
         self._actions.append(SendStreamData(stream_id,
                                             writer.end_of_range(kind, group_id, object_id)))
         return True

@@ -172,6 +172,14 @@ class Track:
             self._mark_ended()
         return True
 
+    def append(self, group_id: int, object_id: int, payload: bytes | memoryview, *,
+               status: int = ObjectStatus.NORMAL, priority: int | None = None,
+               subgroup_id: int = 0, properties: Properties = ()) -> bool:
+        """Add an object produced locally (priority defaults to the track's); see add()."""
+        prio = self.default_priority if priority is None else priority
+        return self.add(CachedObject(group_id, object_id, subgroup_id, prio, status,
+                                     tuple(properties), payload))
+
     @staticmethod
     def _contiguous(g: _Group) -> bool:
         return g.end is not None and len(g.ids) == g.end + 1
@@ -297,3 +305,13 @@ class Track:
             return False
         now = self._clock() if now is None else now
         return now - self._newest > dur / 1000.0
+
+
+def origin_track(tracks: dict[FullTrackName, Track], namespace: TrackNamespace, name: bytes,
+                 properties: Properties = ()) -> Track:
+    """The origin track ``(namespace, name)`` of ``tracks``, created on first use."""
+    key = (tuple(namespace), bytes(name))
+    track = tracks.get(key)
+    if track is None:
+        track = tracks[key] = Track(namespace, name, properties, origin=True)
+    return track
