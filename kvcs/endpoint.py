@@ -568,6 +568,9 @@ class Endpoint:
                 isinstance(e, ev.FetchAccepted) and isinstance(target, FetchResult)):
             target.ok = e.message
             _resolve(target._accepted, e.message)
+            if isinstance(target, FetchResult) and target.finished:
+                # the fetch stream overtook FETCH_OK (streams are not ordered)
+                self._requests.pop(rid, None)  # type: ignore[arg-type]
         elif isinstance(e, ev.RequestAccepted):
             if e.update_id is not None and isinstance(target, Subscription):
                 _resolve(target._updates.pop(e.update_id, None), e.message)
@@ -598,7 +601,9 @@ class Endpoint:
             if isinstance(target, _Stream) and e.reset_code is not None:
                 target.reset_streams.append(e.stream_id)
             if isinstance(target, FetchResult):
-                self._requests.pop(rid, None)  # type: ignore[arg-type]
+                if target._accepted.done():
+                    self._requests.pop(rid, None)  # type: ignore[arg-type]
+                # else FETCH_OK (on the request stream) is still on its way
                 if e.reset_code is not None:
                     target._fail(MoqtRequestError(RequestErrorCode.INTERNAL_ERROR,
                                                   f"fetch stream reset ({e.reset_code})"))

@@ -228,6 +228,33 @@ async def test_fetch_group_range_and_objectid_filter(srv: Srv) -> None:
     await _close(sub_ep)
 
 
+async def test_fetch_stream_before_fetch_ok(srv: Srv) -> None:
+    """Streams are not ordered: a whole fetch stream (FIN included) may arrive before
+    FETCH_OK on the request stream. The objects are kept and fetch() still returns."""
+    sub_ep, pub = await srv.connect("moqt")
+    loop = asyncio.get_running_loop()
+
+    def handler(ep: Endpoint, e: object) -> bool:
+        rid = e.request_id  # type: ignore[attr-defined]
+        sid = ep.session.open_fetch_stream(rid)
+        for o in range(3):
+            ep.session.write_fetch_object(sid, 0, 0, o, 128, bytes([o]) * 500)
+        ep.session.end_data_stream(sid)
+        ep.flush()
+        # FETCH_OK only once the client has the whole stream
+        loop.call_later(0.2, lambda: (ep.session.fetch_ok(rid, Location(0, 2)), ep.flush()))
+        return True
+
+    pub.request_handler = handler
+    res = await sub_ep.fetch(NS, b"reordered",
+                             location_filter=LocationFilter.absolute_group_end(0, 0, 0))
+    assert res.ok is not None and res.ok.end_location == Location(0, 2)
+    objs = await res.collect(5)
+    assert [(o.object_id, bytes(o.payload)) for o in objs] == [
+        (o, bytes([o]) * 500) for o in range(3)]
+    await _close(sub_ep)
+
+
 # ----------------------------------------------------------------- namespaces
 
 
