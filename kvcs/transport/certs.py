@@ -1,9 +1,13 @@
-"""Self-signed development certificates for the QUIC/WebTransport binding.
+"""Development certificates for the QUIC/WebTransport binding.
 
 :func:`ensure_dev_certificate` creates (or reuses) an EC P-256 certificate valid for
-``localhost``, ``127.0.0.1`` and ``::1``. Its lifetime is 13 days, so that browsers can
-also trust it through WebTransport ``serverCertificateHashes`` (at most 14 days). The
-SHA-256 fingerprint can be handed to :func:`kvcs.transport.connect` as ``pin_sha256``.
+``localhost``, ``127.0.0.1`` and ``::1``, issued by a throw-away local CA whose key is
+never stored. The certificate file holds the chain (leaf, then CA), so the same file
+serves as a server's ``certfile`` and as a client's ``cafile`` for every QUIC library
+(qh3 only accepts a CA certificate as a trust anchor, not a self-signed leaf). The
+lifetime is 13 days, so that browsers can also trust the leaf through WebTransport
+``serverCertificateHashes`` (at most 14 days). The leaf's SHA-256 fingerprint can be
+handed to :func:`kvcs.transport.connect` as ``pin_sha256``.
 """
 
 from __future__ import annotations
@@ -101,32 +105,66 @@ def _is_usable(
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return False
+    if len(x509.load_pem_x509_certificates(certfile.read_bytes())) < 2:
+        return False  # an old single self-signed certificate: replace it by a chain
     return all(name in san for name in _san_entries(hosts))
+
+
+def _build(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
 
 
 def generate_certificate(
     hosts: tuple[str, ...] = DEFAULT_HOSTS, days: int = 13
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """Create a self-signed EC P-256 certificate for ``hosts`` valid for ``days`` days."""
+) -> tuple[list[x509.Certificate], ec.EllipticCurvePrivateKey]:
+    """Create an EC P-256 certificate for ``hosts`` valid for ``days`` days.
+
+    Returns the chain ``[leaf, ca]`` and the leaf's key. The CA is self-signed, valid as
+    long as the leaf, and its key is discarded once the leaf is signed.
+    """
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvcs development CA")])
+    ca_usage = x509.KeyUsage(
+        digital_signature=False, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+        encipher_only=False, decipher_only=False,
+    )
+    ca = (
+        _build(ca_name, ca_name, ca_key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(ca_usage, critical=True)
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "kvcs")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+    leaf = (
+        _build(name, ca_name, key.public_key(), days)
         .add_extension(x509.SubjectAlternativeName(_san_entries(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
         )
-        .sign(key, hashes.SHA256())
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
     )
-    return cert, key
+    return [leaf, ca], key
 
 
 def ensure_dev_certificate(
@@ -144,7 +182,7 @@ def ensure_dev_certificate(
     certfile, keyfile = folder / CERT_NAME, folder / KEY_NAME
     if not _is_usable(certfile, keyfile, hosts, min_remaining):
         folder.mkdir(parents=True, exist_ok=True)
-        cert, key = generate_certificate(hosts, days)
+        chain, key = generate_certificate(hosts, days)
         key_pem = key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
@@ -153,6 +191,6 @@ def ensure_dev_certificate(
         fd = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fp:
             fp.write(key_pem)
-        certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        logger.info("generated dev certificate %s (%s)", certfile, fingerprint_sha256(cert))
+        certfile.write_bytes(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain))
+        logger.info("generated dev certificate %s (%s)", certfile, fingerprint_sha256(chain[0]))
     return DevCertificate(certfile, keyfile, fingerprint_sha256(load_certificate(certfile)))
