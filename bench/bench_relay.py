@@ -172,7 +172,7 @@ def _start_relay(tmp: str, backend: str | None = None) -> tuple[subprocess.Popen
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
          "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp],
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     port = int(line.split()[4].rpartition(":")[2])
