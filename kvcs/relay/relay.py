@@ -95,6 +95,8 @@ class Link:
     established: bool = False
     fill_end: Location | None = None
     fill_pending: bool = False
+    fill_ended_early: bool = False
+    """The fill stream ended before SUBSCRIBE_OK arrived (streams are not ordered)."""
     unknown_ranges: bool = False
     lost: bool = False
     waiting: list[tuple[Peer, ev.RequestReceived]] = field(default_factory=list)
@@ -640,9 +642,10 @@ class Relay:
                 track.largest = largest
             start = link.fill_end or Location(0, 0)
             link.fill_end = largest
-            if largest is None or start > largest:
-                link.fill_pending = False  # empty fill range: no fill stream
-                if largest is not None:
+            if largest is None or start > largest or link.fill_ended_early:
+                # empty fill range (no fill stream), or the fill already came in
+                link.fill_pending = False
+                if largest is not None and not link.lost and not link.unknown_ranges:
                     track.settle(largest)
             else:
                 link.fill_pending = True
@@ -655,11 +658,12 @@ class Relay:
         elif isinstance(e, ev.DataStreamEnded):
             if e.fill_id is not None:
                 link.fill_pending = False
-                if e.reset_code is None and not link.unknown_ranges:
-                    if link.fill_end is not None:
-                        track.settle(link.fill_end)
-                else:
+                if e.reset_code is not None or link.unknown_ranges:
                     link.lost = True
+                elif not link.established:
+                    link.fill_ended_early = True  # SUBSCRIBE_OK settles the range
+                elif link.fill_end is not None:
+                    track.settle(link.fill_end)
             else:
                 key = link.streams.pop(e.stream_id, None)
                 if e.reset_code is not None:
