@@ -53,7 +53,7 @@ if TYPE_CHECKING or BACKEND == "aioquic":
     from aioquic.h3.connection import FrameType, H3Connection
     from aioquic.quic import events
     from aioquic.quic.configuration import QuicConfiguration
-    from aioquic.quic.connection import NetworkAddress, QuicConnection
+    from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
     from aioquic.quic.packet import QuicErrorCode
 else:  # pragma: no cover - optional backend
     from qh3.asyncio.protocol import QuicConnectionProtocol
@@ -62,7 +62,7 @@ else:  # pragma: no cover - optional backend
     from qh3.h3.connection import FrameType, H3Connection
     from qh3.quic import events
     from qh3.quic.configuration import QuicConfiguration
-    from qh3.quic.connection import NetworkAddress, QuicConnection
+    from qh3.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
     from qh3.quic.packet import QuicErrorCode
 
     _patch_qh3_max_udp_payload()
@@ -75,6 +75,7 @@ __all__ = [
     "NetworkAddress",
     "QuicConfiguration",
     "QuicConnection",
+    "QuicConnectionError",
     "QuicConnectionProtocol",
     "QuicErrorCode",
     "QuicServer",

@@ -45,6 +45,7 @@ from .backend import (
     H3Connection,
     NetworkAddress,
     QuicConnection,
+    QuicConnectionError,
     QuicConnectionProtocol,
     QuicErrorCode,
     QuicServer,
@@ -84,6 +85,20 @@ RECEIVE_BATCH = 32
 event loop iteration and aioquic transmits after each; reading what is queued first and
 transmitting once per connection afterwards saves a ``datagrams_to_send`` pass (which
 visits every stream) per datagram and lets ACKs cover more packets."""
+
+
+def _datagram_stream_id(event: Any) -> int:
+    """The CONNECT stream of an HTTP datagram. qh3 2.x hands out the raw Quarter Stream
+    ID of RFC 9297 as ``flow_id``; aioquic converts it to ``stream_id``."""
+    if BACKEND == "qh3":  # pragma: no cover - optional backend
+        return int(event.flow_id) * 4
+    return int(event.stream_id)
+
+
+def _datagram_flow(stream_id: int) -> int:
+    """What ``H3Connection.send_datagram`` takes for the CONNECT stream ``stream_id``: qh3
+    writes its argument as the Quarter Stream ID, aioquic divides by 4 itself."""
+    return stream_id // 4 if BACKEND == "qh3" else stream_id
 
 
 class _ReceiveBatch:
@@ -566,9 +581,10 @@ class MoqtConnection(QuicConnectionProtocol):
                 logger.exception("session failed on stream data")
                 self._close_session(INTERNAL_ERROR, "internal error")
         elif isinstance(event, h3events.DatagramReceived):
-            if self.session is None or event.stream_id != self._wt_session_id:
+            sid = _datagram_stream_id(event)
+            if self.session is None or sid != self._wt_session_id:
                 if self.session is None and self._local_close is None:
-                    self._wt_pending.setdefault(event.stream_id, []).append(event)
+                    self._wt_pending.setdefault(sid, []).append(event)
                 return
             self._inputs = True
             try:
@@ -696,14 +712,15 @@ class MoqtConnection(QuicConnectionProtocol):
             elif isinstance(action, SendDatagram):
                 if self._h3 is not None:
                     assert self._wt_session_id is not None
-                    self._h3.send_datagram(self._wt_session_id, action.data)
+                    self._h3.send_datagram(_datagram_flow(self._wt_session_id), action.data)
                 else:
                     quic.send_datagram_frame(action.data)
             elif isinstance(action, CloseSession):
                 self._close_session(action.code, action.reason)
             else:  # pragma: no cover - future actions
                 logger.warning("unknown action %r", action)
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError, QuicConnectionError) as exc:
+            # the stream or connection is already gone (qh3 raises QuicConnectionError)
             logger.debug("action %r failed: %s", action, exc)
 
     def _close_session(self, code: int, reason: str) -> None:
