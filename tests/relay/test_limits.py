@@ -69,8 +69,11 @@ async def test_too_many_fetches_is_excessive_load(env: Env) -> None:
     track = pub.create_track(NS, b"t")
     publish_group(pub, track, 0, 4)
     c = await env.client(relay)
+    # groups 1..3 are not published yet: each accepted fetch stays open (a finished
+    # fetch would free its slot before the third one arrives)
     results = await asyncio.gather(
-        *(c.fetch(NS, b"t", location_filter=LocationFilter.none()) for _ in range(3)),
+        *(c.fetch(NS, b"t", location_filter=LocationFilter.absolute_group_end(0, 0, 3))
+          for _ in range(3)),
         return_exceptions=True)
     errors = [r for r in results if isinstance(r, MoqtRequestError)]
     assert len(errors) == 1 and errors[0].code == RequestErrorCode.EXCESSIVE_LOAD
