@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -72,6 +73,9 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
     p.add_argument("--quic-preset", choices=["default", "loopback"],
                    help="QUIC tuning preset (default: default)")
+    p.add_argument("--quic-backend", choices=["auto", "aioquic", "qh3"],
+                   help="QUIC library (default: $KVCS_QUIC_BACKEND, else auto = qh3 "
+                   "(compiled core) when installed, else aioquic)")
     p.add_argument("--max-fetches-per-session", type=int, metavar="N")
     p.add_argument("--max-requests-per-session", type=int, metavar="N")
     p.add_argument("--upstream-linger", type=float, metavar="SECONDS",
@@ -82,7 +86,7 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
 
 _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstream_cafile",
                "upstream_insecure", "upstream_token", "auth", "anonymous", "cache_bytes",
-               "metrics", "log_level", "quic_preset", "max_fetches_per_session",
+               "metrics", "log_level", "quic_preset", "quic_backend", "max_fetches_per_session",
                "max_requests_per_session", "upstream_linger")
 
 
@@ -100,12 +104,15 @@ def relay_config(args: argparse.Namespace) -> Any:
 
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
-    from .relay import ConfigError, Relay
+    from .quic_backend import BACKEND_ENV, choose
+    from .relay.config import ConfigError
 
     try:
         cfg = relay_config(args)
-    except ConfigError as exc:
+        backend = choose(cfg.quic_backend or os.environ.get(BACKEND_ENV) or "auto")
+    except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    from .relay import Relay  # binds the QUIC library chosen above
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -126,7 +133,7 @@ def run_relay(args: argparse.Namespace) -> int:
         except ConnectionError as exc:
             raise UsageError(f"cannot connect upstream {cfg.upstream}: {exc}") from None
         print(f"kvcs relay listening on {cfg.listen.rpartition(':')[0]}:{relay.port} "
-              f"(moqt-22 over QUIC and WebTransport)", flush=True)
+              f"(moqt-22 over QUIC and WebTransport, QUIC library {backend})", flush=True)
         if relay.fingerprint:
             print(f"self-signed certificate SHA-256 fingerprint: {relay.fingerprint}",
                   flush=True)

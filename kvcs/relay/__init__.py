@@ -8,11 +8,27 @@ Run it with ``kvcs relay`` (see :mod:`kvcs.cli` and ``docs/relay.md``) or embed 
     await relay.stop()
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .auth import AuthError, Authorizer, Grant, parse_namespace
 from .cache import Cache
 from .config import ConfigError, RelayConfig, load_config_file
 from .metrics import Metrics
-from .relay import Relay
+
+if TYPE_CHECKING:
+    from .relay import Relay
+
+
+def __getattr__(name: str) -> Any:
+    # Relay imports kvcs.transport, which binds the QUIC library: import it on first use,
+    # so that ``kvcs relay`` can read its configuration and choose the library first.
+    if name == "Relay":
+        from .relay import Relay
+
+        return Relay
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AuthError",

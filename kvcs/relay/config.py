@@ -46,6 +46,10 @@ class RelayConfig:
     metrics: str | None = None
     log_level: str = "info"
     quic_preset: str = "default"
+    quic_backend: str | None = None
+    """QUIC library: ``auto`` (qh3 when installed), ``aioquic`` or ``qh3``; see
+    :mod:`kvcs.quic_backend`. Applied by ``kvcs relay`` before the transport loads;
+    unset: ``KVCS_QUIC_BACKEND`` if set, else ``auto``."""
     max_fetches_per_session: int = 16
     max_requests_per_session: int = 1024
     fetch_retry_ms: int = 1000
@@ -101,6 +105,8 @@ class RelayConfig:
             raise ConfigError("--cache-bytes must be positive")
         if self.quic_preset not in ("default", "loopback"):
             raise ConfigError("--quic-preset must be 'default' or 'loopback'")
+        if self.quic_backend not in (None, "auto", "aioquic", "qh3"):
+            raise ConfigError("--quic-backend must be 'auto', 'aioquic' or 'qh3'")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"--log-level: unknown level {self.log_level!r}")
 

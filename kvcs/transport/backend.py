@@ -1,8 +1,7 @@
-"""QUIC library selection: aioquic (default, tested) or qh3 (optional, faster).
+"""The QUIC classes of the library chosen by :mod:`kvcs.quic_backend`.
 
-The backend is chosen once, at import time, from the environment variable
-``KVCS_QUIC_BACKEND`` (``aioquic`` or ``qh3``; install qh3 with the ``fast`` extra). Every
-module of :mod:`kvcs.transport` imports the QUIC classes from here.
+Every module of :mod:`kvcs.transport` imports the QUIC classes from here. The library is
+fixed when this module is first imported (``KVCS_QUIC_BACKEND``: aioquic by default).
 
 qh3 2.x keeps aioquic's asyncio/H3 surface but moves the connection into a native core,
 so some aioquic-specific tuning is unavailable with it: per-stream flow-control state (the
@@ -14,16 +13,15 @@ congestion controller choice, and the receive batching of the binding.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-BACKEND_ENV = "KVCS_QUIC_BACKEND"
-"""Environment variable naming the QUIC library."""
+from ..quic_backend import BACKEND_ENV, Backend, resolve
 
-_name = os.environ.get(BACKEND_ENV, "aioquic").strip().lower() or "aioquic"
-if _name not in ("aioquic", "qh3"):
-    raise ImportError(f"{BACKEND_ENV}={_name!r}: use 'aioquic' or 'qh3'")
-BACKEND: Literal["aioquic", "qh3"] = "qh3" if _name == "qh3" else "aioquic"
-"""The QUIC library in use."""
+try:
+    BACKEND: Backend = resolve(os.environ.get(BACKEND_ENV))
+    """The QUIC library in use."""
+except ValueError as exc:
+    raise ImportError(f"{BACKEND_ENV}: {exc}") from None
 
 
 def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
