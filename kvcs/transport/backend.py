@@ -12,6 +12,7 @@ congestion controller choice, and the receive batching of the binding.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,17 @@ def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
     bridge.push_quic_transport_parameters = push_parameters  # type: ignore[assignment]
 
 
+class _RoutinePeerClose(logging.Filter):
+    """qh3 logs every peer CONNECTION_CLOSE, the normal end of a session included, as a
+    WARNING ("Native peer close"); kvcs reports session ends itself. Demote it to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Native peer close: %r":
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 if TYPE_CHECKING or BACKEND == "aioquic":
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.asyncio.server import QuicServer
@@ -64,6 +76,7 @@ else:  # pragma: no cover - optional backend
     from qh3.quic.packet import QuicErrorCode
 
     _patch_qh3_max_udp_payload()
+    logging.getLogger("quic").addFilter(_RoutinePeerClose())
 
 __all__ = [
     "BACKEND",
