@@ -45,6 +45,42 @@ def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
     bridge.push_quic_transport_parameters = push_parameters  # type: ignore[assignment]
 
 
+def _patch_qh3_datagrams_to_send() -> None:  # pragma: no cover - optional backend
+    """qh3 2.1's ``datagrams_to_send`` polls its core one datagram at a time and, when a
+    poll fails (its core sometimes raises "packet builder capacity exhausted" under
+    heavy fan-out), loses every datagram already taken from the core in that call: the
+    peer never sees them and loss recovery must resend them. Keep what was built and
+    stop at the failure; the next transmit polls again."""
+    from qh3.quic import connection as qconn
+
+    cls = qconn.QuicConnection
+    if getattr(cls.datagrams_to_send, "_kvcs_patched", False):
+        return
+    log = logging.getLogger(__name__)
+
+    def datagrams_to_send(self: Any, now: float) -> list[tuple[bytes, Any]]:
+        if self._core is None:
+            return []
+        datagrams = []
+        while True:
+            try:
+                transmit = self._call_core(self._core.poll_transmit, now)
+            except qconn.QuicConnectionError as exc:
+                if not datagrams:
+                    raise
+                log.debug("qh3 poll_transmit: %s (kept %d datagrams)", exc, len(datagrams))
+                break
+            if transmit is None:
+                break
+            self._log_datagram("datagrams_sent", transmit[0])
+            self._log_packets("packet_sent", transmit[0])
+            datagrams.append((transmit[0], transmit[1]))
+        return datagrams
+
+    datagrams_to_send._kvcs_patched = True  # type: ignore[attr-defined]
+    cls.datagrams_to_send = datagrams_to_send
+
+
 class _RoutinePeerClose(logging.Filter):
     """qh3 logs every peer CONNECTION_CLOSE, the normal end of a session included, as a
     WARNING ("Native peer close"); kvcs reports session ends itself. Demote it to DEBUG."""
@@ -76,6 +112,7 @@ else:  # pragma: no cover - optional backend
     from qh3.quic.packet import QuicErrorCode
 
     _patch_qh3_max_udp_payload()
+    _patch_qh3_datagrams_to_send()
     logging.getLogger("quic").addFilter(_RoutinePeerClose())
 
 __all__ = [

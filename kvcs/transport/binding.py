@@ -336,7 +336,12 @@ class MoqtConnection(QuicConnectionProtocol):
         for _ in range(16):
             scheduler.refill()
             sent = 0
-            for data, addr in quic.datagrams_to_send(now=self._loop.time()):
+            try:
+                datagrams = quic.datagrams_to_send(now=self._loop.time())
+            except QuicConnectionError as exc:  # pragma: no cover - qh3 core hiccup
+                logger.debug("datagrams_to_send failed: %s", exc)
+                break
+            for data, addr in datagrams:
                 sendto(data, addr)
                 sent += 1
             if not sent or not scheduler.has_queued:
