@@ -61,7 +61,7 @@ def _patch_qh3_datagrams_to_send() -> None:  # pragma: no cover - optional backe
     def datagrams_to_send(self: Any, now: float) -> list[tuple[bytes, Any]]:
         if self._core is None:
             return []
-        datagrams = []
+        datagrams: list[tuple[bytes, Any]] = []
         while True:
             try:
                 transmit = self._call_core(self._core.poll_transmit, now)
@@ -78,7 +78,7 @@ def _patch_qh3_datagrams_to_send() -> None:  # pragma: no cover - optional backe
         return datagrams
 
     datagrams_to_send._kvcs_patched = True  # type: ignore[attr-defined]
-    cls.datagrams_to_send = datagrams_to_send
+    cls.datagrams_to_send = datagrams_to_send  # type: ignore[method-assign]
 
 
 class _RoutinePeerClose(logging.Filter):
