@@ -1,7 +1,8 @@
 """The QUIC classes of the library chosen by :mod:`kvcs.quic_backend`.
 
 Every module of :mod:`kvcs.transport` imports the QUIC classes from here. The library is
-fixed when this module is first imported (``KVCS_QUIC_BACKEND``: aioquic by default).
+fixed when this module is first imported (``KVCS_QUIC_BACKEND``; default ``auto``: qh3
+when installed).
 
 qh3 2.x keeps aioquic's asyncio/H3 surface but moves the connection into a native core,
 so some aioquic-specific tuning is unavailable with it: per-stream flow-control state (the
