@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +31,7 @@ from kvcs.transport import (
     ensure_dev_certificate,
     serve,
 )
+from kvcs.transport.backend import BACKEND, BACKEND_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -179,17 +183,33 @@ async def raw_stream_throughput(
     return total_bytes / MiB / (finished - start)
 
 
+def raw_ceiling(library: str, settings_name: str = "loopback",
+                total_bytes: int = 256 * MiB) -> float:
+    """Raw stream MiB/s on QUIC library ``library`` (``aioquic`` or ``qh3``), measured in
+    a fresh process (the library is bound per process), with the named settings."""
+    env = dict(os.environ, **{BACKEND_ENV: library})
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_transport", "--raw", settings_name,
+         str(total_bytes)], env=env, capture_output=True, text=True, check=True,
+        timeout=CHILD_TIMEOUT)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict[str, float]:
     """Measure raw-QUIC stream throughput for one or all named settings; print and return
-    ``{name: MiB/s}``."""
+    ``{name: MiB/s}`` (on this process's QUIC library)."""
     names = [settings_name] if settings_name else list(SETTINGS)
     results: dict[str, float] = {}
     for name in names:
         size = total_bytes if name != "aioquic" else min(total_bytes, 64 * MiB)
         results[name] = asyncio.run(raw_stream_throughput(SETTINGS[name], size))
-        print(f"raw QUIC uni stream, {name:9s} settings: {results[name]:8.1f} MiB/s")
+        print(f"raw QUIC uni stream ({BACKEND}), {name:9s} settings: "
+              f"{results[name]:8.1f} MiB/s")
     return results
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--raw":  # used by raw_ceiling()
+        print(asyncio.run(raw_stream_throughput(SETTINGS[sys.argv[2]], int(sys.argv[3]))))
+    else:
+        main()

@@ -1261,14 +1261,16 @@ class Session:
                 s.request, publisher_priority, group_id, True)))
 
     def want_writable(self, stream_id: int) -> None:
-        """Ask for a :class:`~kvcs.moqt.events.DataStreamWritable` event once everything
-        queued on our data stream has been taken by the transport."""
+        """Ask for a :class:`~kvcs.moqt.events.DataStreamWritable` event once the transport
+        has taken the data queued on our stream (all of it, or down to its low-water
+        mark, so that the writer can top the stream up before it runs dry)."""
         s = self._send.get(stream_id)
         if s is not None:
             s.wants_writable = True
 
     def stream_writable(self, stream_id: int) -> None:
-        """Input from the binding: everything queued on ``stream_id`` went to QUIC."""
+        """Input from the binding: the queue of ``stream_id`` emptied or fell to the
+        binding's low-water mark."""
         s = self._send.get(stream_id)
         if s is not None and s.wants_writable:
             s.wants_writable = False

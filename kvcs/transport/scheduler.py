@@ -57,10 +57,14 @@ def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
 class SendScheduler:
     """Per-stream queues drained into a :class:`QuicConnection` by priority."""
 
-    def __init__(self, quic: QuicConnection, watermark: int, chunk_size: int = 64 * 1024):
+    def __init__(self, quic: QuicConnection, watermark: int, chunk_size: int = 64 * 1024,
+                 low_water: int = 256 * 1024):
         self._quic = quic
         self.watermark = watermark
         self.chunk_size = chunk_size
+        self.low_water = low_water
+        """A stream is reported in :attr:`drained` when its queue falls to this many bytes
+        (or empties), so its writer can top it up before QUIC runs out of its data."""
         self._queues: dict[int, _Queue] = {}
         self._priorities: dict[int, tuple[int, ...]] = {}
         self._heap: list[tuple[tuple[int, ...], int, int]] = []
@@ -71,8 +75,8 @@ class SendScheduler:
         self.queued_bytes = 0
         """Bytes waiting in the scheduler (not yet handed to aioquic)."""
         self.drained: list[int] = []
-        """Streams whose queue emptied (all handed to QUIC) since the binding last looked;
-        the binding reports them to the session (``stream_writable``)."""
+        """Streams whose queue emptied or fell to :attr:`low_water` since the binding last
+        looked; the binding reports them to the session (``stream_writable``)."""
 
     # -- inputs ---------------------------------------------------------------------
 
@@ -260,6 +264,9 @@ class SendScheduler:
     def _consumed(self, queue: _Queue, stream_id: int, take: int, last: bool,
                   fin: bool) -> None:
         """Account ``take`` bytes of the head chunk of ``queue`` handed to QUIC."""
+        low = self.low_water
+        if queue.queued > low >= queue.queued - take:
+            self.drained.append(stream_id)  # low water: the writer may top it up now
         queue.queued -= take
         self.queued_bytes -= take
         if last:
