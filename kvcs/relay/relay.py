@@ -30,6 +30,7 @@ from ..moqt.wire import (
     END_OF_NON_EXISTENT_RANGE,
     AuthToken,
     Fetch,
+    GroupOrder,
     Location,
     LocationFilter,
     Parameters,
@@ -528,7 +529,9 @@ class Relay:
             LocationFilter.absolute_start(start.group, start.object)
         p = self._up_params(source)
         p.location_filter = LocationFilter.next_object()
-        p.fill = Parameters(location_filter=fill_lf)
+        # ascending: the fill stream then tells, object by object, that every Location
+        # before the one received is known (see _on_object)
+        p.fill = Parameters(location_filter=fill_lf, group_order=GroupOrder.ASCENDING)
         p.forward = 1
         link.fill_end = start  # provisional; the real end is LARGEST_OBJECT of the OK
         link.request_id = source.session.subscribe(key[0], key[1], p)
@@ -624,6 +627,14 @@ class Relay:
         except ImmutabilityError as exc:
             self._close_peer(link.source, SessionCode.PROTOCOL_VIOLATION, str(exc))
             return
+        if e.fill_id is not None and not link.unknown_ranges:
+            # The fill stream is in ascending order: every Location before this object is
+            # now known (absent if not received). Settling at each new group lets FETCH
+            # and fill cursors downstream move on while the fill is still running,
+            # instead of stalling at the first group boundary until the fill ends.
+            s = track.settled_until
+            if s is None or r.group_id > s.group:
+                track.settle(Location(r.group_id, r.object_id))
         n = len(r.payload)
         self.metrics.inc("kvcs_relay_objects_in_total")
         self.metrics.inc("kvcs_relay_bytes_in_total", n)

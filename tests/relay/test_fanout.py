@@ -93,3 +93,23 @@ async def test_fetch_triggers_upstream_subscription(env: Env) -> None:
     got = await res.collect(timeout=5)
     check_objects(got, 3, 5)
     assert relay.metrics.get("kvcs_relay_cache_misses_total") == 1
+
+
+async def test_fetch_through_relay_does_not_wait_for_the_whole_fill(env: Env) -> None:
+    """The relay's upstream fill is ordered: once it delivers group 1, group 0 is known to
+    be complete, so a downstream FETCH of group 0 finishes while the fill is still running
+    (here the fill pauses at an object of group 1 the publisher does not know yet)."""
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    publish_group(pub, track, 0, 4, end_of_group=False)  # objects 0..3, no End of Group
+    pub.publish(track, 1, 0, payload(1, 0))
+    pub.publish(track, 1, 1, payload(1, 1))
+    pub.publish(track, 1, 3, payload(1, 3))  # (1, 2) unknown: the fill stops before it
+    await pub.drain(0)
+    c = await env.client(relay)
+    res = await c.fetch(NS, b"t", location_filter=LocationFilter.absolute_group_end(0, 0, 0))
+    got = [o for o in await res.collect(timeout=5) if o.payload.nbytes]
+    assert [(o.group_id, o.object_id) for o in got] == [(0, o) for o in range(4)]
+    assert all(bytes(o.payload) == payload(0, o.object_id) for o in got)
