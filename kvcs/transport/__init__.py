@@ -1,4 +1,4 @@
-"""asyncio + aioquic transport binding for the sans-IO MOQT session (raw QUIC and
+"""asyncio + QUIC (qh3 or aioquic) transport binding for the sans-IO MOQT session (raw QUIC and
 WebTransport over HTTP/3)."""
 
 from .binding import (

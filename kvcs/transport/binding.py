@@ -1,4 +1,4 @@
-"""asyncio + aioquic binding of a sans-IO MOQT session (raw QUIC and WebTransport).
+"""asyncio + QUIC (qh3 or aioquic) binding of a sans-IO MOQT session (raw QUIC, WebTransport).
 
 One :class:`MoqtConnection` per QUIC connection owns one sans-IO session. It feeds QUIC
 (or WebTransport) events into the session, calls the application's ``session_changed``
