@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,16 @@ from .endpoint import Endpoint
 from .moqt.wire import AuthToken
 from .relay import Authorizer, Relay, RelayConfig
 from .transport import DevCertificate, QuicSettings, ensure_dev_certificate
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``cond`` every 2 ms until it is true; AssertionError after ``timeout`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.002)
 
 
 class LocalNet:

@@ -9,7 +9,6 @@ peer SETUP (moq-ffi's implementation string and its unknown/GREASE options).
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from moq_helpers import collect_track, make_groups, publish_track
 
 from kvcs.endpoint import Endpoint
 from kvcs.relay import Relay, RelayConfig
-from kvcs.transport import ALPN_MOQT, DevCertificate, QuicSettings, ensure_dev_certificate
+from kvcs.transport import ALPN_MOQT, DevCertificate, QuicSettings
 
 pytestmark = pytest.mark.interop
 
@@ -39,10 +38,6 @@ class RecordingRelay(Relay):
         self.accepted.append(ep)
         super()._on_endpoint(ep)
 
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
-    return ensure_dev_certificate(Path(tmp_path_factory.mktemp("interop-certs")))
 
 
 async def test_ffi_pub_sub_through_kvcs_relay(cert: DevCertificate) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,24 +11,11 @@ from kvcs.endpoint import Endpoint
 from kvcs.moqt.wire import AuthToken, LocationFilter, ObjectStatus, Parameters
 from kvcs.relay import Authorizer, Relay
 from kvcs.testing import LocalNet
-from kvcs.transport import DevCertificate, QuicSettings, ensure_dev_certificate
+from kvcs.transport import DevCertificate, QuicSettings
 
 SETTINGS = QuicSettings.loopback()
 
 
-@pytest.fixture(scope="session")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
-    return ensure_dev_certificate(Path(tmp_path_factory.mktemp("relay-certs")))
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``cond`` until true or fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 def token(value: bytes) -> tuple[AuthToken, ...]:

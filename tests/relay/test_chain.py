@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from kvcs.moqt.wire import Location, ObjectStatus
+from kvcs.testing import until
 
-from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group, until
+from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
 
 NS = (b"kvcs-1", b"\x6d" * 16, b"\x5e" * 32, b"\x65" * 32, b"\x01" * 16)
 NAME = b"k.raw.s0"

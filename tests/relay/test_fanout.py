@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
+from kvcs.testing import until
 
-from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group, until
+from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
 
 NS = (b"kvcs-1", bytes(range(16)), b"\x00" * 32, b"\xff" * 32, bytes(range(16, 32)))
 

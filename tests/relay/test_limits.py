@@ -9,8 +9,9 @@ import pytest
 from kvcs.endpoint import MoqtRequestError
 from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectStatus
+from kvcs.testing import until
 
-from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group, until
+from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
 
 NS = (b"kvcs-1", b"\xaa" * 16)
 

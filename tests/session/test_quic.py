@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +26,8 @@ from kvcs.moqt.wire import (
     Subscribe,
     encode_message,
 )
-from kvcs.transport import DevCertificate, QuicSettings, ensure_dev_certificate
+from kvcs.testing import until
+from kvcs.transport import DevCertificate, QuicSettings
 
 SETTINGS = QuicSettings.loopback()
 NS = (b"kv", b"quic")
@@ -54,19 +54,6 @@ class Srv:
         return ep, peer
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``cond`` until it is true (fails after ``timeout`` seconds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.002)
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
-    return ensure_dev_certificate(Path(tmp_path_factory.mktemp("moqt-certs")))
 
 
 @pytest.fixture

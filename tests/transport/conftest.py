@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,6 @@ from kvcs.transport import (
     MoqtConnection,
     QuicSettings,
     Server,
-    ensure_dev_certificate,
     serve,
 )
 
@@ -70,19 +67,6 @@ def echo_factory(opener: StreamOpener, info: ConnectionInfo) -> EchoSession:
     return EchoSession(opener, info, echo=not info.is_client)
 
 
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``cond`` until true or fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.002)
-
-
-@pytest.fixture(scope="session")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> DevCertificate:
-    return ensure_dev_certificate(Path(tmp_path_factory.mktemp("certs")))
 
 
 @dataclass

@@ -12,9 +12,10 @@ from kvcs.moqt.actions import (
     SetStreamPriority,
     StopSending,
 )
+from kvcs.testing import until
 from kvcs.transport import MoqtConnection, QuicSettings, connect
 
-from .conftest import EchoSession, ServerHandle, echo_factory, until
+from .conftest import EchoSession, ServerHandle, echo_factory
 
 SCHEMES = ["moqt", "https"]
 
