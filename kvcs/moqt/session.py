@@ -306,12 +306,7 @@ class Session:
             if ds is not None and ds.request is not None and ds.held is None \
                     and ds.parser is not None and not ds.abandoned:
                 # hot path: more bytes of a data stream already attributed to a request
-                items = ds.parser.feed(data)
-                if items:
-                    self._data_items(ds, items)
-                if end:
-                    ds.parser.finish()
-                    self._data_ended(ds, None)
+                self._feed(ds, data, end)
                 return
             self._stream_data(stream_id, data, end)
         except ProtocolError as exc:
@@ -490,6 +485,11 @@ class Session:
             return
         if ds.abandoned:
             return
+        self._feed(ds, data, end)
+
+    def _feed(self, ds: _DataStream, data: bytes | memoryview, end: bool) -> None:
+        """Parse more bytes of a data stream whose type is known; deliver what they hold."""
+        assert ds.parser is not None
         items = ds.parser.feed(data)
         if items:
             self._data_items(ds, items)

@@ -127,17 +127,10 @@ class QuicSettings:
     ) -> QuicConfiguration:
         """Build a :class:`QuicConfiguration` of the selected backend (without TLS
         material). qh3 has no congestion controller choice and probes the path MTU."""
-        if BACKEND == "qh3":  # pragma: no cover - optional backend
-            return QuicConfiguration(
-                is_client=is_client,
-                alpn_protocols=list(alpn_protocols),
-                max_datagram_size=self.max_datagram_size,
-                max_data=self.max_data,
-                max_stream_data=self.max_stream_data,
-                idle_timeout=self.idle_timeout,
-                max_datagram_frame_size=self.max_datagram_frame_size,
-                probe_datagram_size=True,  # type: ignore[call-arg]  # qh3 only
-            )
+        # qh3 only: path MTU probing; aioquic only: the congestion controller
+        extra: dict[str, object] = (
+            {"probe_datagram_size": True} if BACKEND == "qh3"
+            else {"congestion_control_algorithm": self.congestion_control})
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),
@@ -146,7 +139,7 @@ class QuicSettings:
             max_stream_data=self.max_stream_data,
             idle_timeout=self.idle_timeout,
             max_datagram_frame_size=self.max_datagram_frame_size,
-            congestion_control_algorithm=self.congestion_control,
+            **extra,  # type: ignore[arg-type]
         )
 
     def configure_socket(self, sock: socket.socket) -> None:
