@@ -26,7 +26,7 @@ except ValueError as exc:
     raise ImportError(f"{BACKEND_ENV}: {exc}") from None
 
 
-def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
+def _patch_qh3_max_udp_payload() -> None:
     """qh3 2.x clients announce ``max_udp_payload_size=1472`` whatever their
     ``max_datagram_size``, so servers (a relay, a publishing server) never send larger
     datagrams to them (~35 MiB/s on loopback). Announce nothing instead (RFC 9000 default
@@ -46,7 +46,7 @@ def _patch_qh3_max_udp_payload() -> None:  # pragma: no cover - optional backend
     bridge.push_quic_transport_parameters = push_parameters  # type: ignore[assignment]
 
 
-def _patch_qh3_datagrams_to_send() -> None:  # pragma: no cover - optional backend
+def _patch_qh3_datagrams_to_send() -> None:
     """qh3 2.1's ``datagrams_to_send`` polls its core one datagram at a time and, when a
     poll fails (its core sometimes raises "packet builder capacity exhausted" under
     heavy fan-out), loses every datagram already taken from the core in that call: the
@@ -102,7 +102,7 @@ if TYPE_CHECKING or BACKEND == "aioquic":
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
     from aioquic.quic.packet import QuicErrorCode
-else:  # pragma: no cover - optional backend
+else:
     from qh3.asyncio.protocol import QuicConnectionProtocol
     from qh3.asyncio.server import QuicServer
     from qh3.h3 import events as h3events

@@ -90,7 +90,7 @@ visits every stream) per datagram and lets ACKs cover more packets."""
 def _datagram_stream_id(event: Any) -> int:
     """The CONNECT stream of an HTTP datagram. qh3 2.x hands out the raw Quarter Stream
     ID of RFC 9297 as ``flow_id``; aioquic converts it to ``stream_id``."""
-    if BACKEND == "qh3":  # pragma: no cover - optional backend
+    if BACKEND == "qh3":
         return int(event.flow_id) * 4
     return int(event.stream_id)
 
@@ -445,13 +445,13 @@ class MoqtConnection(QuicConnectionProtocol):
 
     def _peer_certificate(self) -> Any:
         """The server certificate (aioquic: x509 object; qh3: DER bytes) or None."""
-        if BACKEND == "qh3":  # pragma: no cover - optional backend
+        if BACKEND == "qh3":
             cert = self._quic.get_peercert()  # type: ignore[attr-defined]
             return None if cert is None else bytes(cert.public_bytes())
         return self._quic.tls._peer_certificate
 
     def _peer_address(self) -> NetworkAddress | None:
-        if BACKEND == "qh3":  # pragma: no cover - optional backend
+        if BACKEND == "qh3":
             return self._quic._remote_addr  # type: ignore[attr-defined, no-any-return]
         return self._quic.get_peer_address() or None
 

@@ -129,7 +129,7 @@ class SendScheduler:
 
     def unsent_bytes(self) -> int:
         """Stream bytes in aioquic that are sendable now but not yet sent."""
-        if self._native:  # pragma: no cover - optional backend
+        if self._native:
             return int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
         total = 0
         done: list[int] = []
@@ -152,7 +152,7 @@ class SendScheduler:
     def buffered_bytes(self) -> int:
         """Queued bytes plus bytes in aioquic not yet sent (back-pressure measure)."""
         total = self.queued_bytes
-        if self._native:  # pragma: no cover - optional backend
+        if self._native:
             return total + int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
         for stream in self._in_quic.values():
             sender = stream.sender
@@ -212,7 +212,7 @@ class SendScheduler:
                 if queue is not None and queue.seq == seq and not queue.chunks:
                     queue.in_heap = False
                 continue
-            if self._native:  # pragma: no cover - optional backend
+            if self._native:
                 view, end = queue.chunks[0]
                 take = min(view.nbytes - queue.offset, budget, self.chunk_size)
                 if not self._native_send(queue, stream_id, take):
@@ -286,7 +286,7 @@ class SendScheduler:
                 self.drained.append(stream_id)
 
     def _native_send(self, queue: _Queue, stream_id: int,
-                     take: int) -> bool:  # pragma: no cover - optional backend
+                     take: int) -> bool:
         """qh3: hand ``take`` bytes of the head chunk to QUIC; False if the stream is gone."""
         view, end = queue.chunks[0]
         piece = view[queue.offset : queue.offset + take]
