@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvcs.transport import QuicSettings, ensure_dev_certificate
+from kvcs.transport.backend import BACKEND
+from kvcs.transport.config import MAX_DATAGRAM_SIZE_LIMIT
 from kvcs.transport.certs import load_certificate, parse_fingerprint
 from kvcs.transport.webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
@@ -18,9 +20,10 @@ from kvcs.transport.webtransport import (
 
 
 def test_settings_validation() -> None:
-    assert QuicSettings.loopback().max_datagram_size == 16000
+    limit = 16000 if BACKEND == "aioquic" else 60000
+    assert QuicSettings.loopback().max_datagram_size == MAX_DATAGRAM_SIZE_LIMIT == limit
     with pytest.raises(ValueError):
-        QuicSettings(max_datagram_size=16384)
+        QuicSettings(max_datagram_size=limit + 1)
     with pytest.raises(ValueError):
         QuicSettings(max_datagram_size=1000)
 
