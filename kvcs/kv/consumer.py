@@ -454,14 +454,17 @@ class KvConsumer:
         assert self.http is not None
         http = self.http
         sem = asyncio.Semaphore(http.concurrency)
+        failed: list[int] = []
 
         async def one(index: int) -> None:
             key = self.keys[index]
             async with sem:
                 try:
                     data = await http.get_block(self.scope_id, self.compat_id, key)
-                except KvcsError as exc:
-                    log.warning("KVSP retrieval of block %d failed: %s", index, exc)
+                except KvcsError as exc:  # the first failure loud, the others (alike) quiet
+                    failed.append(index)
+                    log.log(logging.WARNING if len(failed) == 1 else logging.INFO,
+                            "KVSP retrieval of block %d failed: %s", index, exc)
                     return
             if data is None:
                 log.info("no KVSP holder has block %d", index)
