@@ -454,13 +454,18 @@ class KvConsumer:
         assert self.http is not None
         http = self.http
         sem = asyncio.Semaphore(http.concurrency)
+        d = self.descriptor
+        raw = d.layers * (d.dtype.itemsize * (int(np.prod(d.k_shape())) + int(np.prod(
+            d.v_shape()))) + 40) + 88
+        limit = raw + raw // 64 + 4096  # a raw container, or zstd's worst-case expansion
         failed: list[int] = []
 
         async def one(index: int) -> None:
             key = self.keys[index]
             async with sem:
                 try:
-                    data = await http.get_block(self.scope_id, self.compat_id, key)
+                    data = await http.get_block(self.scope_id, self.compat_id, key,
+                                                max_bytes=limit)
                 except KvcsError as exc:  # the first failure loud, the others (alike) quiet
                     failed.append(index)
                     log.log(logging.WARNING if len(failed) == 1 else logging.INFO,
