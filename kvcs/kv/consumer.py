@@ -860,11 +860,14 @@ class _Retrieval:
             log.info("HTTP recovery skipped: signed digests of %s tracks",
                      "/".join(sorted(set(self.codecs.values()))))
             return
+        first = self.seg.first_block
         need: dict[int, list[int]] = {}
         for layer, blocks in missing.items():
             for b in blocks:
-                need.setdefault(b, []).append(layer)
-        first = self.seg.first_block
+                if first + b < len(self.c.keys):  # named by this prompt's Block Keys
+                    need.setdefault(b, []).append(layer)
+        if not need:
+            return
         self.c.stats.retries += 1
         log.info("recovering %d block(s) of %d layer(s) over KVSP HTTP", len(need),
                  len(missing))
