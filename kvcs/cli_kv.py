@@ -1,8 +1,11 @@
-"""``kvcs publish``, ``kvcs fetch`` and ``kvcs inspect``: the KVCS commands of the CLI.
+"""``kvcs publish``, ``kvcs fetch``, ``kvcs inspect`` and ``kvcs kvsp-serve``: the KVCS
+commands of the CLI.
 
 They connect to a relay (``--relay moqt://host:port/`` or ``https://...`` for
 WebTransport), identify the cache from a Compatibility Descriptor, token IDs and a scope
-key, and show progress per layer. User mistakes exit with status 2 and one line.
+key, and show progress per layer. ``publish --store`` also writes KVSP containers that
+``kvsp-serve`` serves over HTTPS; ``fetch --http`` falls back to them. User mistakes exit
+with status 2 and one line.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from .cli import UsageError, command
 log = logging.getLogger("kvcs")
 
 
-def _common(p: argparse.ArgumentParser, *, tokens: bool = True) -> None:
-    p.add_argument("--relay", required=True, metavar="URL",
+def _common(p: argparse.ArgumentParser, *, tokens: bool = True, relay: bool = True) -> None:
+    p.add_argument("--relay", required=relay, metavar="URL",
                    help="moqt://host:port/ (raw QUIC) or https://host:port/ (WebTransport)")
     p.add_argument("--descriptor", required=tokens, metavar="JSON",
                    help="Compatibility Descriptor file")
@@ -120,6 +123,9 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
                    help="stay connected this long after publishing so the relay can pull "
                         "the tracks (default: until Ctrl-C)")
+    p.add_argument("--store", metavar="DIR",
+                   help="also write one KVSP container per complete block into DIR, for "
+                        "`kvcs kvsp-serve` (HTTP fallback)")
     p.set_defaults(func=run_publish)
     return p
 
@@ -129,6 +135,7 @@ def run_publish(args: argparse.Namespace) -> int:
     from .kv.cose import ProducerKey
     from .kv.files import FileFormatError, load_kv
     from .kv.publisher import KvPublisher, PublicationError, PublisherOptions
+    from .kv.store import BlockStore, store_cache
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -137,6 +144,14 @@ def run_publish(args: argparse.Namespace) -> int:
         ks, vs = load_kv(args.kv, desc)
     except FileFormatError as exc:
         raise UsageError(str(exc)) from None
+    if args.store:
+        try:
+            keys = store_cache(BlockStore(args.store), desc, scope, tokens, ks, vs)
+        except OSError as exc:
+            raise UsageError(f"--store {args.store}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise UsageError(f"--store: {exc}") from None
+        print(f"stored {len(keys)} KVSP container(s) in {args.store}", flush=True)
     key = None
     if args.producer_key:
         try:
@@ -200,13 +215,23 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("fetch", help="find and retrieve a KV cache into an .npz file",
                        description="Discover the publication of the longest reusable prefix "
                                    "of the tokens, verify every object and write the layers.")
-    _common(p)
+    _common(p, relay=False)
     p.add_argument("--out", required=True, metavar="FILE", help="output .npz or .safetensors")
     p.add_argument("--layers", metavar="A:B", help="layers A..B-1 (default: all)")
     p.add_argument("--blocks", type=int, metavar="N", help="only the first N blocks")
     p.add_argument("--keyring", metavar="FILE", help="producer public keys (JSON/PEM/dir)")
     p.add_argument("--require-signed", action="store_true",
                    help="refuse publications without a valid manifest.cose")
+    h = p.add_argument_group("KVSP HTTP fallback (needs --relay, --http or both)")
+    h.add_argument("--http", action="append", metavar="URL",
+                   help="https://host:port of a KVSP holder (`kvcs kvsp-serve`), repeatable: "
+                        "blocks missing over MOQT are fetched there, and everything is when "
+                        "no relay is reachable or no publication is found")
+    h.add_argument("--http-token", metavar="TOKEN", help="Bearer token for the holders")
+    htls = h.add_mutually_exclusive_group()
+    htls.add_argument("--http-cafile", metavar="PEM", help="trust this CA/certificate")
+    htls.add_argument("--http-pin", metavar="SHA256", help="accept exactly the certificate "
+                      "with this SHA-256 fingerprint (printed by `kvcs kvsp-serve`)")
     p.set_defaults(func=run_fetch)
     return p
 
@@ -232,22 +257,43 @@ def run_fetch(args: argparse.Namespace) -> int:
             raise UsageError(f"keyring: {exc}") from None
     if args.require_signed and keyring is None:
         raise UsageError("--require-signed needs --keyring")
+    if not args.relay and not args.http:
+        raise UsageError("give --relay, --http or both")
+    client = _http_client(args)
 
     async def run() -> int:
-        ep = await _connect(args)
+        ep = None
+        if args.relay:
+            try:
+                ep = await _connect(args)
+            except UsageError as exc:
+                if client is None:
+                    raise
+                print(f"{exc}; retrieving over KVSP HTTP", file=sys.stderr, flush=True)
         try:
-            c = KvConsumer(ep, scope, desc, tokens, keyring=keyring,
-                           require_signed=args.require_signed, hex_namespace=args.hex_namespace)
+            c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
+                           keyring=keyring, require_signed=args.require_signed,
+                           hex_namespace=args.hex_namespace, http=client)
             pub = await c.discover()
-            if pub is None:
+            if pub is None and client is None:
                 print("no publication covers any prefix of these tokens", file=sys.stderr)
                 return 1
-            print(f"found publication {pub.namespace.publication_id.hex()} covering "
-                  f"{pub.prefix_blocks} of {len(c.keys)} blocks", flush=True)
+            if pub is None:
+                if args.require_signed:
+                    print("no MOQT publication found, and HTTP-only retrieval cannot satisfy "
+                          "--require-signed (no signed manifest)", file=sys.stderr)
+                    return 1
+                print(f"no MOQT publication found; retrieving {len(c.keys)} blocks over KVSP "
+                      f"HTTP from {', '.join(client.urls)}", flush=True)
+                source = c.http_layers(layers, args.blocks)
+            else:
+                print(f"found publication {pub.namespace.publication_id.hex()} covering "
+                      f"{pub.prefix_blocks} of {len(c.keys)} blocks", flush=True)
+                source = c.layers(pub, layers, args.blocks)
             got = []
             t0 = time.perf_counter()
             try:
-                async for layer in c.layers(pub, layers, args.blocks):
+                async for layer in source:
                     got.append((layer.index, layer.k, layer.v))
                     _progress("verified", layer.index - layers.start, len(layers), t0,
                               c.stats.bytes)
@@ -262,14 +308,129 @@ def run_fetch(args: argparse.Namespace) -> int:
                 save_kv(args.out, got)
             except FileFormatError as exc:
                 raise UsageError(str(exc)) from None
+            if c.stats.http_blocks:
+                print(f"{c.stats.http_blocks} block(s) retrieved over KVSP HTTP", flush=True)
             print(f"wrote {len(got)} layers x {got[0][1].shape[0] if got else 0} tokens to "
                   f"{args.out}", flush=True)
             return 0
         finally:
-            ep.close()
-            await ep.wait_closed()
+            if ep is not None:
+                ep.close()
+                await ep.wait_closed()
+            if client is not None:
+                await client.aclose()
 
     return asyncio.run(run())
+
+
+def _http_client(args: argparse.Namespace) -> Any:
+    """The KvspClient of ``fetch --http`` (None without --http)."""
+    if not args.http:
+        return None
+    from .kv.kvsp_http import KvspClient
+
+    try:
+        return KvspClient(args.http, args.http_token, cafile=args.http_cafile,
+                          pin_sha256=args.http_pin)
+    except FileNotFoundError as exc:
+        raise UsageError(f"--http-cafile: {exc.strerror}: {exc.filename}") from None
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
+        raise UsageError(f"--http: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- kvsp-serve
+
+
+@command("kvsp-serve")
+def _kvsp_serve_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("kvsp-serve", help="serve KVSP containers over HTTPS (fallback path)",
+                       description="Serve a directory of KVSP containers (written by `kvcs "
+                                   "publish --store`) over HTTPS: GET /kvsp/v1/{scope}/{compat}"
+                                   "/blocks/{key} and POST /kvsp/v1/{scope}/lookup (KVSP "
+                                   "profile section 8). See docs/kvsp-profile.md.")
+    p.add_argument("--store", required=True, metavar="DIR", help="the container directory")
+    p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT",
+                   help="TCP address (default 127.0.0.1:8443; port 0 picks a free one)")
+    p.add_argument("--cert", metavar="PEM", help="certificate chain (PEM)")
+    p.add_argument("--key", metavar="PEM", help="private key (PEM; default: in --cert)")
+    p.add_argument("--cert-dir", metavar="DIR", help="where the self-signed dev certificate "
+                   "goes when --cert is not given (default certs/)")
+    auth = p.add_mutually_exclusive_group(required=True)
+    auth.add_argument("--auth", metavar="FILE", help="JSON token file in the relay's format "
+                      "(docs/relay.md): a token may read a scope it may subscribe to")
+    auth.add_argument("--anonymous", action="store_true",
+                      help="serve everyone without tokens (local demos only)")
+    p.add_argument("--public-url", metavar="URL", help="base of the https:// holder URLs "
+                   "that lookup returns (default: https://HOST:PORT as bound)")
+    p.add_argument("--log-level", default="info", metavar="LEVEL")
+    p.set_defaults(func=run_kvsp_serve)
+    return p
+
+
+def run_kvsp_serve(args: argparse.Namespace) -> int:
+    """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
+    import contextlib
+    import signal
+    from pathlib import Path
+
+    from .kv.kvsp_http import KvspServer
+    from .kv.store import BlockStore
+    from .relay.auth import AuthError, Authorizer
+    from .transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
+
+    _setup_logging(args)
+    host, _, port_s = args.listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_s)
+        if not host or not 0 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--listen {args.listen!r}: use HOST:PORT") from None
+    if not Path(args.store).is_dir():
+        raise UsageError(f"--store {args.store}: not a directory")
+    if args.key and not args.cert:
+        raise UsageError("--key needs --cert")
+    if args.public_url and not args.public_url.startswith("https://"):
+        raise UsageError("--public-url must start with https://")
+    try:
+        authorizer = (Authorizer(anonymous=True) if args.anonymous
+                      else Authorizer.from_file(args.auth))
+    except AuthError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.cert:
+            certfile, keyfile = args.cert, args.key
+            pin = fingerprint_sha256(load_certificate(certfile))
+        else:
+            dev = ensure_dev_certificate(args.cert_dir or "certs")
+            certfile, keyfile, pin = str(dev.certfile), str(dev.keyfile), dev.sha256
+        server = KvspServer(BlockStore(args.store), authorizer=authorizer, certfile=certfile,
+                            keyfile=keyfile, host=host, port=port, public_url=args.public_url)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"certificate: {what}") from None
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        mode = "anonymous" if args.anonymous else f"{len(authorizer.grants)} token(s)"
+        print(f"kvcs kvsp-serve listening on {server.url} (store {args.store}, {mode})",
+              flush=True)
+        print(f"certificate SHA-256 fingerprint: {pin}", flush=True)
+        await stop.wait()
+        print("shutting down", flush=True)
+        await server.aclose()
+
+    asyncio.run(run())
+    return 0
 
 
 # ---------------------------------------------------------------------------- inspect

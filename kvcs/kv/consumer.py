@@ -32,30 +32,42 @@ Procedures (kvcs-draft "Consumer Procedures"):
   order; missing blocks are retried (other endpoints = other relays, other publications
   when both are deterministic) within a recompute-time budget, then reported through
   :class:`RecomputeRequired`. Objects of different publications are never mixed unless
-  both manifests say ``deterministic``.
+  both manifests say ``deterministic``;
+* HTTP fallback (``http=KvspClient(...)``, KVSP profile section 8): blocks still missing
+  after the MOQT sources are fetched as KVSP containers from HTTP holders, verified
+  (layer digests, CompatID, Block Key, token start, and the signed ``object_digests`` when
+  authenticity is required) and placed, within the same budget; with no MOQT path at all
+  (no endpoint, nothing discovered), :meth:`KvConsumer.http_layers` retrieves the layers
+  over HTTP alone, named by the Block Keys of the consumer's own prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
-from .codecs import codec_value, decode_kv, decode_section
+from .codecs import codec_value, decode_kv, decode_section, raw_section
+from .container import Container, decode_container, read_container
 from .cose import Keyring, verify_manifest
-from .errors import KvcsError, ManifestError, SignatureError, VerificationError
+from .errors import ContainerError, KvcsError, ManifestError, SignatureError, VerificationError
 from .ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from .manifest import Manifest, Segment, check_namespace, segment_covers
 from .payload import verify_payload
 from .tracks import TrackName
+
+if TYPE_CHECKING:
+    from .kvsp_http import KvspClient
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +123,8 @@ class ConsumerStats:
     duplicates: int = 0
     excess: int = 0
     retries: int = 0
+    http_blocks: int = 0
+    """Blocks (containers, all needed layers each) placed from KVSP HTTP holders."""
     first_layer_at: float | None = None
     started_at: float = 0.0
     finished_at: float | None = None
@@ -126,6 +140,17 @@ class _LayerBuf:
 
     def complete(self) -> bool:
         return bool(self.have_k.all() and self.have_v.all())
+
+    def fill(self, block: int, k: np.ndarray, v: np.ndarray,
+             digests: dict[str, bytes] | None = None) -> None:
+        """Place one verified block of K and V (e.g. from a container) and, for signed
+        confirmation, the object digests it stands for (component -> digest)."""
+        rows = slice(block * k.shape[0], (block + 1) * k.shape[0])
+        self.k[rows] = k
+        self.v[rows] = v
+        self.have_k[block] = self.have_v[block] = True
+        for comp, digest in (digests or {}).items():
+            self.digests[(comp, block)] = digest
 
 
 class KvConsumer:
@@ -146,10 +171,14 @@ class KvConsumer:
         discovery_timeout: float = 0.1,
         on_progress: Callable[[str, int, int], None] | None = None,
         relay_profile: str = "kvcs",
+        http: KvspClient | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
-        if not self.endpoints:
-            raise ValueError("at least one endpoint is needed")
+        if not self.endpoints and http is None:
+            raise ValueError("at least one endpoint (or an HTTP client) is needed")
+        self.http = http
+        """KVSP HTTP holders (:class:`~kvcs.kv.kvsp_http.KvspClient`) used when MOQT
+        sources fail (recovery) or when there is no MOQT path (:meth:`http_layers`)."""
         self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
                            else CompatDescriptor.from_dict(descriptor))
         self.scope = scope
@@ -179,6 +208,8 @@ class KvConsumer:
     @property
     def endpoint(self) -> Endpoint:
         """The primary endpoint."""
+        if not self.endpoints:
+            raise ValueError("this consumer has no MOQT endpoint (HTTP only)")
         return self.endpoints[0]
 
     # ------------------------------------------------------------------ discovery
@@ -193,7 +224,9 @@ class KvConsumer:
                        endpoint: Endpoint | None = None) -> Publication | None:
         """Find a usable publication for the longest reusable prefix (None if nothing
         matches). Publications whose manifest fails its checks (CompatID, block keys,
-        signature) are discarded and the next one is tried."""
+        signature) are discarded and the next one is tried. None without any endpoint."""
+        if endpoint is None and not self.endpoints:
+            return None
         ep = endpoint or self.endpoint
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
@@ -212,6 +245,8 @@ class KvConsumer:
     async def discover_all(self, max_blocks: int | None = None,
                            endpoint: Endpoint | None = None) -> list[Publication]:
         """All publications of the longest prefix that has any (others first-found first)."""
+        if endpoint is None and not self.endpoints:
+            return []
         ep = endpoint or self.endpoint
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
@@ -327,7 +362,6 @@ class KvConsumer:
         segment and this prompt cover. Live publications are subscribed (exactly once),
         completed ones fetched. Raises :class:`RecomputeRequired` when blocks stay missing.
         """
-        d = self.descriptor
         m = manifest or await self.manifest(pub)
         seg = m.segment(segment)
         if seg is None:
@@ -338,9 +372,7 @@ class KvConsumer:
             n = min(n, blocks)
         if n <= 0:
             return
-        lay = layers if layers is not None else range(d.layers)
-        if lay.step != 1 or lay.start < 0 or lay.stop > d.layers or not len(lay):
-            raise ValueError(f"layers must be a contiguous range within 0..{d.layers}")
+        lay = self._layer_range(layers)
         run = _Retrieval(self, pub, m, seg, lay, n)
         self.stats.started_at = time.perf_counter()
         async for layer in run.run(alternates):
@@ -348,6 +380,121 @@ class KvConsumer:
                 self.stats.first_layer_at = time.perf_counter()
             yield layer
         self.stats.finished_at = time.perf_counter()
+
+    def _layer_range(self, layers: range | None) -> range:
+        d = self.descriptor
+        lay = layers if layers is not None else range(d.layers)
+        if lay.step != 1 or lay.start < 0 or lay.stop > d.layers or not len(lay):
+            raise ValueError(f"layers must be a contiguous range within 0..{d.layers}")
+        return lay
+
+    # ------------------------------------------------------------------ HTTP (KVSP)
+
+    async def http_layers(self, layers: range | None = None,
+                          blocks: int | None = None) -> AsyncIterator[KvLayer]:
+        """Yield verified layers retrieved over KVSP HTTP only (no MOQT path).
+
+        Needs ``http``. The blocks are named by this prompt's own Block Keys (no manifest);
+        ``blocks`` limits them to the first n (default: every complete block of the
+        prompt). Each container is verified (layer digests, CompatID, Block Key, token
+        start) before use; a bad one counts as rejected and its block as missing. All
+        containers are fetched (``http.concurrency`` at a time) within
+        ``recompute_budget_s``, then the layers are yielded in order. Blocks no holder
+        delivered raise :class:`RecomputeRequired` naming them for every layer.
+
+        Without a manifest there is no producer signature, so a consumer with
+        ``require_signed=True`` refuses (SignatureError): use :meth:`layers`, whose
+        recovery checks HTTP blocks against the signed ``object_digests``.
+        """
+        if self.http is None:
+            raise ValueError("http_layers needs KvConsumer(http=KvspClient(...))")
+        if self.require_signed:
+            raise SignatureError("HTTP-only retrieval has no signed manifest to verify "
+                                 "(require_signed)")
+        lay = self._layer_range(layers)
+        n = len(self.keys) if blocks is None else min(blocks, len(self.keys))
+        if n <= 0:
+            return
+        self.stats.started_at = time.perf_counter()
+        B = self.descriptor.block_tokens
+        bufs = {layer: _LayerBuf(np.empty((n * B, *self.descriptor.k_shape()[1:]),
+                                          dtype=self.descriptor.dtype),
+                                 np.empty((n * B, *self.descriptor.v_shape()[1:]),
+                                          dtype=self.descriptor.dtype),
+                                 np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+                for layer in lay}
+
+        def place(index: int, _c: Container, ks: list[np.ndarray],
+                  vs: list[np.ndarray]) -> None:
+            for layer, buf in bufs.items():
+                buf.fill(index, ks[layer], vs[layer])
+
+        deadline = time.monotonic() + self.recompute_budget_s
+        await self._http_fetch(range(n), deadline, place)
+        missing = [b for b in range(n) if not bufs[lay.start].have_k[b]]
+        if missing:
+            raise RecomputeRequired({layer: list(missing) for layer in lay}, 0,
+                                    "blocks not available over HTTP")
+        for layer in lay:
+            buf = bufs.pop(layer)
+            if self.stats.first_layer_at is None:
+                self.stats.first_layer_at = time.perf_counter()
+            if self.on_progress is not None:
+                self.on_progress("layer", layer, lay.stop)
+            yield KvLayer(layer, buf.k, buf.v, n)
+        self.stats.finished_at = time.perf_counter()
+
+    async def _http_fetch(
+        self, indexes: Sequence[int], deadline: float,
+        place: Callable[[int, Container, list[np.ndarray], list[np.ndarray]], None],
+    ) -> None:
+        """Fetch and verify the containers of absolute blocks ``indexes`` (``http``
+        concurrency at a time, until ``deadline``) and hand each good one to ``place``
+        (index, container, K per layer, V per layer)."""
+        assert self.http is not None
+        http = self.http
+        sem = asyncio.Semaphore(http.concurrency)
+        d = self.descriptor
+        raw = d.layers * (d.dtype.itemsize * (int(np.prod(d.k_shape())) + int(np.prod(
+            d.v_shape()))) + 40) + 88
+        limit = raw + raw // 64 + 4096  # a raw container, or zstd's worst-case expansion
+        failed: list[int] = []
+
+        async def one(index: int) -> None:
+            key = self.keys[index]
+            async with sem:
+                try:
+                    data = await http.get_block(self.scope_id, self.compat_id, key,
+                                                max_bytes=limit)
+                except KvcsError as exc:  # the first failure loud, the others (alike) quiet
+                    failed.append(index)
+                    log.log(logging.WARNING if len(failed) == 1 else logging.INFO,
+                            "KVSP retrieval of block %d failed: %s", index, exc)
+                    return
+            if data is None:
+                log.info("no KVSP holder has block %d", index)
+                return
+            try:
+                c = read_container(data, descriptor=self.descriptor, expected_block_key=key)
+                start = index * self.descriptor.block_tokens
+                if c.token_start != start:
+                    raise ContainerError(f"token start {c.token_start}, expected {start}")
+                ks, vs = decode_container(c, self.descriptor)
+            except ContainerError as exc:
+                self.stats.rejected += 1
+                log.warning("discarding KVSP container of block %d: %s", index, exc)
+                return
+            self.stats.http_blocks += 1
+            self.stats.bytes += len(data)
+            place(index, c, ks, vs)
+
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in indexes)), left)
+        except TimeoutError:
+            log.warning("KVSP retrieval stopped at the recompute budget")
 
 
 class _Retrieval:
@@ -545,6 +692,11 @@ class _Retrieval:
                 for layer in self.pop_ready():
                     yield layer
             missing = self.missing()
+            if missing and self.c.http is not None and time.monotonic() < deadline:
+                await self._recover_http(missing, deadline)
+                for layer in self.pop_ready():
+                    yield layer
+                missing = self.missing()
             if missing:
                 raise RecomputeRequired(missing, self.next_yield - self.layers.start,
                                         "objects missing or failed verification")
@@ -699,6 +851,51 @@ class _Retrieval:
                     self._fetch_layers(ep, pub, comp, name, layers, None, blocks), left)
             except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                 log.info("recovery fetch of %s failed: %s", name, exc)
+
+    async def _recover_http(self, missing: dict[int, list[int]], deadline: float) -> None:
+        """Fetch the containers of the missing blocks from the KVSP HTTP holders and place
+        the missing layers of each (KVCS "Verification and Recovery")."""
+        if self.signed_digests and any(c != "raw" for c in self.codecs.values()):
+            # signed object digests of a non-raw track cannot be matched by raw sections
+            log.info("HTTP recovery skipped: signed digests of %s tracks",
+                     "/".join(sorted(set(self.codecs.values()))))
+            return
+        first = self.seg.first_block
+        need: dict[int, list[int]] = {}
+        for layer, blocks in missing.items():
+            for b in blocks:
+                if first + b < len(self.c.keys):  # named by this prompt's Block Keys
+                    need.setdefault(b, []).append(layer)
+        if not need:
+            return
+        self.c.stats.retries += 1
+        log.info("recovering %d block(s) of %d layer(s) over KVSP HTTP", len(need),
+                 len(missing))
+
+        def place(index: int, c: Container, ks: list[np.ndarray],
+                  vs: list[np.ndarray]) -> None:
+            b = index - first
+            self._place_block(b, need[b], c, ks, vs)
+
+        await self.c._http_fetch([first + b for b in sorted(need)], deadline, place)
+
+    def _place_block(self, block: int, layers: Collection[int], c: Container,
+                     ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
+        """Place a verified container's block in ``layers`` (with the object digests that
+        signed confirmation compares: SHA-256 of the raw sections, the layer digest for a
+        joint ``kv.raw`` track)."""
+        for layer in layers:
+            if layer in self.done_layers:
+                continue
+            digests: dict[str, bytes] = {}
+            if self.signed_digests:
+                for comp in self.tracks:
+                    digests[comp] = (c.layers[layer].digest if comp == "kv" else hashlib.sha256(
+                        raw_section(ks[layer] if comp == "k" else vs[layer])).digest())
+            buf = self._buf(layer)
+            buf.fill(block, ks[layer], vs[layer], digests)
+            if buf.complete():
+                self.ready.set()
 
     async def _follow_manifest(
         self, ep: Endpoint, queue: asyncio.Queue[tuple[str, ReceivedObject] | None]

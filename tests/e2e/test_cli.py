@@ -119,3 +119,67 @@ def test_kv_file_formats(tmp_path: Path) -> None:
         assert "short.npz" in str(exc)
     else:
         raise AssertionError("a malformed file must be refused")
+
+
+async def test_kvsp_serve_and_fetch_over_http(net: LocalNet, tmp_path: Path) -> None:
+    """``publish --store`` writes containers, ``kvsp-serve`` serves them, ``fetch --http``
+    retrieves everything over HTTP when there is no relay or no publication."""
+    import signal
+
+    from kvcs.kv.ids import scope_id
+
+    relay = await net.relay()
+    f = _files(tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    ident = ["--descriptor", f["desc"], "--scope-key", f["scope"], "--tokens", f["tokens"]]
+    moqt = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(net.cert.certfile),
+            "--loopback"]
+    rc, out, err = await _run("publish", *moqt, *ident, "--kv", f["kv"], "--store", str(store),
+                              "--linger", "0")
+    assert rc == 0, err
+    assert "stored 16 KVSP container(s)" in out
+    sid = scope_id(bytes(range(32))).hex()
+    (tmp_path / "auth.json").write_text(json.dumps({"tokens": [
+        {"token": "reader", "subscribe": [["kvcs-1", "hex:" + sid]]}]}))
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvcs", "kvsp-serve", "--store", str(store), "--listen",
+        "127.0.0.1:0", "--cert-dir", str(net.cert.certfile.parent), "--auth",
+        str(tmp_path / "auth.json"), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=ENV)
+    try:
+        assert server.stdout is not None
+        first = (await asyncio.wait_for(server.stdout.readline(), 30)).decode()
+        assert "kvcs kvsp-serve listening on https://127.0.0.1:" in first, first
+        url = first.split()[4]
+        pin = (await server.stdout.readline()).decode().split()[-1]
+        assert pin == net.cert.sha256
+        http = ["--http", url, "--http-token", "reader"]
+        out_path = tmp_path / "http.npz"
+        rc, out, err = await _run("fetch", *ident, *http, "--http-pin", pin, "--out",
+                                  str(out_path))
+        assert rc == 0, err
+        assert "retrieving 16 blocks over KVSP HTTP" in out and "16 block(s)" in out
+        got = load_kv_layers(out_path)
+        data = cache(21)
+        assert sorted(got) == list(range(LAYERS))
+        assert all(same(got[i][0], data[i][0]) and same(got[i][1], data[i][1]) for i in got)
+        empty = await net.relay()  # reachable, but holds no publication
+        rc, out, err = await _run("fetch", "--relay", f"moqt://127.0.0.1:{empty.port}/",
+                                  "--cafile", str(net.cert.certfile), *ident, *http,
+                                  "--http-cafile", str(net.cert.certfile), "--out",
+                                  str(out_path), "--layers", "2:4", "--blocks", "5")
+        assert rc == 0, err
+        got = load_kv_layers(out_path)
+        assert sorted(got) == [2, 3] and same(got[3][1], data[3][1][: 5 * BLOCK])
+        rc, out, err = await _run("fetch", *ident, "--http", url, "--http-token", "wrong",
+                                  "--http-pin", pin, "--out", str(out_path))
+        assert rc == 3 and "incomplete" in err and "403" in err
+        rc, _, err = await _run("fetch", *ident, "--http", "http://127.0.0.1:1", "--out", "x")
+        assert rc == 2 and "https://" in err and err.count("\n") == 1
+        rc, _, err = await _run("fetch", *ident, "--out", "x")
+        assert rc == 2 and "--relay, --http" in err
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(server.communicate(), 30)
+    assert server.returncode == 0 and b"shutting down" in rest

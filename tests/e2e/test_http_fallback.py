@@ -1,0 +1,148 @@
+"""KVSP HTTP fallback: blocks a tampering relay spoils are fetched as containers from an
+HTTP holder; with no MOQT path the whole cache comes over HTTP; nothing unverified is ever
+yielded."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kvcs.kv.consumer import KvConsumer, RecomputeRequired
+from kvcs.kv.cose import Keyring, ProducerKey
+from kvcs.kv.errors import SignatureError
+from kvcs.kv.ids import block_keys, scope_id
+from kvcs.kv.kvsp_http import KvspClient, KvspServer
+from kvcs.kv.publisher import PublisherOptions
+from kvcs.kv.store import BlockStore, store_cache
+from kvcs.relay.auth import Authorizer
+from kvcs.testing import LocalNet
+
+from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .test_tampering import TamperingRelay, _check, _publish
+
+SID = scope_id(SCOPE)
+KEYS = block_keys(SCOPE, DESC.compat_id, PROMPT, BLOCK)
+AUTH = Authorizer.from_mapping({"tokens": [
+    {"token": "decode-worker", "subscribe": [["kvcs-1", "hex:" + SID.hex()]]}]})
+
+
+@pytest.fixture
+async def holder(net: LocalNet, tmp_path: Path) -> AsyncIterator[KvspServer]:
+    cert = net.cert
+    async with KvspServer(BlockStore(tmp_path / "store"), authorizer=AUTH,
+                          certfile=str(cert.certfile), keyfile=str(cert.keyfile)) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def http(net: LocalNet, holder: KvspServer) -> AsyncIterator[KvspClient]:
+    async with KvspClient(holder.url, "decode-worker", pin_sha256=net.cert.sha256) as c:
+        yield c
+
+
+def _store(holder: KvspServer, data: list) -> None:
+    store_cache(holder.store, DESC, SCOPE, PROMPT, [k for k, _ in data], [v for _, v in data])
+
+
+@pytest.mark.parametrize("mode", ["flip", "drop"])
+async def test_spoiled_objects_recovered_over_http(net: LocalNet, holder: KvspServer,
+                                                   http: KvspClient, mode: str) -> None:
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    bad = {(b"k.raw.s0", 2, 3), (b"v.raw.s0", 4, 0)}
+    evil.flip, evil.drop = (bad, set()) if mode == "flip" else (set(), bad)  # type: ignore
+    _, data = await _publish(net, clean, 31)
+    _store(holder, data)
+    # the only MOQT source is the tampering relay: retries there give the same bad bytes
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, recompute_budget_s=5,
+                          http=http)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.layers(found)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    assert consumer.stats.http_blocks == 2  # blocks 3 and 0, once each
+    if mode == "flip":
+        assert consumer.stats.rejected >= 2
+
+
+async def test_signed_digests_confirm_http_blocks(net: LocalNet, holder: KvspServer,
+                                                  http: KvspClient) -> None:
+    key = ProducerKey.generate("prefill-http")
+    keyring = Keyring()
+    keyring.add_producer(key)
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    evil.flip = {(b"k.raw.s0", 1, 7), (b"v.raw.s0", 5, 15)}  # type: ignore[misc]
+    _, data = await _publish(net, clean, 32, PublisherOptions(producer_key=key))
+    _store(holder, data)
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, keyring=keyring,
+                          require_signed=True, recompute_budget_s=5, http=http)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.layers(found)]
+    _check(got, data)
+    assert len(got) == LAYERS and consumer.stats.http_blocks == 2
+    with pytest.raises(SignatureError):  # no manifest, no signature: refused
+        _ = [x async for x in consumer.http_layers()]
+
+
+async def test_blocks_missing_or_corrupt_on_the_holder_are_reported(
+        net: LocalNet, holder: KvspServer, http: KvspClient) -> None:
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    evil.flip = {(b"k.raw.s0", 3, 5)}  # type: ignore[misc]
+    evil.drop = {(b"v.raw.s0", 3, 9), (b"v.raw.s0", 3, 10)}  # type: ignore[misc]
+    _, data = await _publish(net, clean, 33)
+    _store(holder, data)
+    holder.store.path(SID, DESC.compat_id, KEYS[5]).unlink()  # not held
+    path = holder.store.path(SID, DESC.compat_id, KEYS[9])
+    spoiled = bytearray(path.read_bytes())
+    spoiled[200] ^= 0x10
+    path.write_bytes(bytes(spoiled))  # held but corrupt: digest mismatch
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, recompute_budget_s=3,
+                          http=http)
+    found = await consumer.discover()
+    assert found is not None
+    got = []
+    with pytest.raises(RecomputeRequired) as info:
+        async for layer in consumer.layers(found):
+            got.append(layer)
+    assert [x.index for x in got] == [0, 1, 2]
+    _check(got, data)
+    assert info.value.missing[3] == [5, 9]  # block 10 came over HTTP
+    assert consumer.stats.http_blocks == 1 and consumer.stats.rejected >= 2
+
+
+async def test_no_moqt_path_everything_over_http(net: LocalNet, holder: KvspServer,
+                                                 http: KvspClient) -> None:
+    data = cache(34)
+    _store(holder, data)
+    consumer = KvConsumer([], SCOPE, DESC, PROMPT, http=http)
+    assert await consumer.discover() is None  # no endpoint: nothing over MOQT
+    got = [x async for x in consumer.http_layers()]
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    assert consumer.stats.http_blocks == BLOCKS
+    part = [x async for x in consumer.http_layers(range(2, 4), blocks=3)]
+    assert [x.index for x in part] == [2, 3] and part[0].k.shape[0] == 3 * BLOCK
+    for x in part:
+        k, v = data[x.index]
+        assert same(x.k, k[: 3 * BLOCK]) and same(x.v, v[: 3 * BLOCK])
+    holder.store.path(SID, DESC.compat_id, KEYS[12]).unlink()
+    with pytest.raises(RecomputeRequired) as info:
+        _ = [x async for x in consumer.http_layers()]
+    assert info.value.missing == {layer: [12] for layer in range(LAYERS)}
+    assert info.value.yielded == 0
+
+
+async def test_http_token_refused(net: LocalNet, holder: KvspServer) -> None:
+    _store(holder, cache(35))
+    async with KvspClient(holder.url, "someone-else", pin_sha256=net.cert.sha256) as bad:
+        consumer = KvConsumer([], SCOPE, DESC, PROMPT, http=bad, recompute_budget_s=2)
+        with pytest.raises(RecomputeRequired) as info:
+            _ = [x async for x in consumer.http_layers()]
+    assert info.value.missing[0] == list(range(BLOCKS))
+    assert consumer.stats.http_blocks == 0
