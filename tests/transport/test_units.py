@@ -6,8 +6,8 @@ import pytest
 
 from kvcs.transport import QuicSettings, ensure_dev_certificate
 from kvcs.transport.backend import BACKEND
-from kvcs.transport.config import MAX_DATAGRAM_SIZE_LIMIT
 from kvcs.transport.certs import load_certificate, parse_fingerprint
+from kvcs.transport.config import MAX_DATAGRAM_SIZE_LIMIT
 from kvcs.transport.webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
     CapsuleParser,
