@@ -314,6 +314,9 @@ class Relay:
         peer.served.clear()
         for rid in list(peer.watchers):
             self._drop_watcher(peer, rid)
+        # TRACK_STATUS requests forwarded to it: answer them downstream now
+        for fwd in list(peer.status_fwd):
+            self._on_status_answer(peer, fwd, e)
         # namespaces it published
         for ns in list(peer.namespaces.values()):
             self._unregister(peer, ns)
@@ -795,8 +798,9 @@ class Relay:
         elif isinstance(e, ev.RequestRejected):
             self._reject(peer, drid, "track_status", e.message.code, e.message.reason)
         else:
-            self._reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR,
-                         "upstream failed")
+            reason = ("publisher went away" if isinstance(e, ev.SessionClosed)
+                      else "upstream failed")
+            self._reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         self._mark(peer)
 
     # ------------------------------------------------------------------ namespaces

@@ -274,8 +274,13 @@ class MoqtConnection(QuicConnectionProtocol):
                     h3stream.sending_ended = True  # we never send HTTP/3 frames on it
         else:
             stream_id = self._quic.get_next_available_stream_id(unidirectional)
-            # create it now so that the next call gets a new ID
-            self._quic.send_stream_data(stream_id, b"")
+            try:
+                # create it now so that the next call gets a new ID
+                self._quic.send_stream_data(stream_id, b"")
+            except QuicConnectionError:
+                # qh3: the connection closed before the session heard of it; the stream
+                # is dead and the session learns of the close from the next event
+                logger.debug("stream %d opened on a closed connection", stream_id)
         self._transmit_soon()
         return stream_id
 

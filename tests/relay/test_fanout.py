@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import pytest
+
+from kvcs.endpoint import MoqtRequestError
+from kvcs.moqt.errors import RequestErrorCode
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
 from kvcs.testing import until
 
@@ -79,6 +84,30 @@ async def test_late_joiner_after_publisher_left(env: Env) -> None:
     got = [(o.group_id, o.object_id) for o in await res.collect(timeout=5)]
     assert got == [(1, o) for o in range(2, 8)] + [(2, o) for o in range(4)]
     assert relay.metrics.get("kvcs_relay_cache_hits_total") >= 3
+
+
+async def test_track_status_answered_when_publisher_leaves(env: Env) -> None:
+    """A TRACK_STATUS the relay forwarded to a publisher that then disconnects gets an
+    error at once (it used to stay unanswered until the requester's idle timeout)."""
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    seen: list[object] = []
+    pub.request_handler = lambda ep, e: seen.append(e) or True  # never answers
+    c = await env.client(relay)
+    task = asyncio.create_task(c.track_status(NS, b"k.raw.s0"))
+    await until(lambda: seen)
+    pub.close()
+    with pytest.raises(MoqtRequestError) as info:
+        await asyncio.wait_for(task, 5)
+    assert info.value.code == RequestErrorCode.INTERNAL_ERROR
+    assert "went away" in info.value.reason
+    # and a request racing the publisher's departure is answered too, not left hanging
+    pub2 = await env.client(relay)
+    await pub2.announce(NS)
+    pub2.close()
+    with contextlib.suppress(MoqtRequestError):
+        await asyncio.wait_for(c.track_status(NS, b"k.raw.s0"), 5)
 
 
 async def test_fetch_triggers_upstream_subscription(env: Env) -> None:
