@@ -26,6 +26,7 @@ new :class:`KvPublisher` (new Publication ID).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from .tracks import TrackName
 log = logging.getLogger(__name__)
 
 _PAYLOAD_HEADER = 68  # octets of the KVSP object header before the codec data
+_YIELD_EVERY = 8  # objects published between two event-loop turns within a layer
 
 
 class PublishTarget(Protocol):
@@ -156,6 +158,7 @@ class KvPublisher:
         self._manifest_version = 0
         self._started = False
         self._failed: str | None = None
+        self._lock = asyncio.Lock()
         self._add_segment_state(len(self._all_keys))
 
     # ------------------------------------------------------------------ properties
@@ -271,7 +274,10 @@ class KvPublisher:
 
         ``tokens`` must be at least the segment's blocks x block_tokens (extra trailing
         tokens, a partial block, are ignored). Layers of a segment go in order 0..L-1.
-        Waits for the send queue to drain below ``options.drain_limit`` (back-pressure).
+        Objects are published as they are encoded, and the event loop runs every few
+        objects, so the first blocks of a layer are on the wire before the last are encoded.
+        Concurrent calls are serialized. Waits for the send queue to drain below
+        ``options.drain_limit`` (back-pressure).
         """
         self._check_ok()
         if not self._started:
@@ -280,9 +286,6 @@ class KvPublisher:
             raise PublicationError(f"no segment {segment}")
         seg = self._segments[segment]
         d = self.descriptor
-        if layer != seg.next_layer:
-            raise PublicationError(f"segment {segment}: expected layer {seg.next_layer}, "
-                                   f"got {layer}")
         B = d.block_tokens
         need = seg.blocks * B
         for name, arr, shape in (("K", k, d.k_shape()), ("V", v, d.v_shape())):
@@ -293,11 +296,15 @@ class KvPublisher:
             if arr.dtype != d.dtype:
                 raise PublicationError(f"layer {layer} {name} dtype {arr.dtype}, "
                                        f"descriptor says {d.dtype_name}")
-        self._publish_layer(seg, layer, k, v)
+        async with self._lock:  # another put_layer waits: layers go in order
+            if layer != seg.next_layer:
+                raise PublicationError(f"segment {segment}: expected layer "
+                                       f"{seg.next_layer}, got {layer}")
+            await self._publish_layer(seg, layer, k, v)
         await self.endpoint.drain(self.options.drain_limit)
 
-    def _publish_layer(self, seg: _SegmentState, layer: int, k: np.ndarray,
-                       v: np.ndarray) -> None:
+    async def _publish_layer(self, seg: _SegmentState, layer: int, k: np.ndarray,
+                             v: np.ndarray) -> None:
         d = self.descriptor
         o = self.options
         B = d.block_tokens
@@ -305,46 +312,62 @@ class KvPublisher:
         prio = math.floor(128 * layer / L)
         names = self._data_track_names(seg.number)
         token0 = seg.first_block * B
-        comps: list[tuple[str, str, np.ndarray | None]] = [
-            ("k", names[0], k), ("v", names[1], v)]
+        comps: list[tuple[str, str, np.ndarray | None, str]] = [
+            ("k", names[0], k, o.codec), ("v", names[1], v, o.codec)]
         if o.joint_codec is not None:
-            comps.append(("kv", names[2], None))
+            comps.append(("kv", names[2], None, o.joint_codec))
         ep = self.endpoint
-        # encode every Group of the layer first: a layer over the size cap publishes nothing
-        groups: list[tuple[str, list[bytes], list[str]]] = []
-        for comp, name, arr in comps:
-            codec = o.codec if comp != "kv" else o.joint_codec
-            assert codec is not None
-            digests: list[str] = []
-            payloads: list[bytes] = []
-            group_bytes = 0
-            for b in range(seg.blocks):
-                lo = b * B
-                if arr is not None:
-                    data = encode_section(codec, np.ascontiguousarray(arr[lo:lo + B]))
-                else:
-                    data = encode_kv(codec, np.ascontiguousarray(k[lo:lo + B]),
-                                     np.ascontiguousarray(v[lo:lo + B]))
-                header, body = build_payload(comp, layer, b, token0 + lo, B, codec, data)
-                payload = b"".join((header, body))
-                group_bytes += len(payload)
-                if o.max_group_bytes is not None and group_bytes > o.max_group_bytes:
-                    raise self._fail(
-                        f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
-                        "limit of the relay: use a smaller segment")
-                digests.append(header[36:68].hex())
-                payloads.append(payload)
-            groups.append((name, payloads, digests))
-        for name, payloads, digests in groups:
-            track = seg.tracks[name]
-            for b, payload in enumerate(payloads):
-                ep.publish(track, layer, b, payload, priority=prio)
+
+        def encode(comp: str, arr: np.ndarray | None, codec: str, b: int) -> bytes:
+            lo = b * B
+            if arr is not None:
+                data = encode_section(codec, np.ascontiguousarray(arr[lo:lo + B]))
+            else:
+                data = encode_kv(codec, np.ascontiguousarray(k[lo:lo + B]),
+                                 np.ascontiguousarray(v[lo:lo + B]))
+            header, body = build_payload(comp, layer, b, token0 + lo, B, codec, data)
+            return b"".join((header, body))
+
+        def end_group(track: Track) -> None:
             ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
                        priority=prio)
             if layer == L - 1 and o.data_end_of_track:
                 ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
                            priority=prio)
-            seg.digests[name].append(digests)
+
+        if o.max_group_bytes is None or all(c == "raw" for *_, c in comps):
+            # Group sizes are known (checked exactly when the segment was added): publish
+            # each object as it is encoded and let the event loop send between batches, so
+            # a layer's first objects leave while the rest is still being encoded.
+            for comp, name, arr, codec in comps:
+                track = seg.tracks[name]
+                digests: list[str] = []
+                for b in range(seg.blocks):
+                    payload = encode(comp, arr, codec, b)
+                    digests.append(payload[36:68].hex())
+                    ep.publish(track, layer, b, payload, priority=prio)
+                    if b % _YIELD_EVERY == _YIELD_EVERY - 1:
+                        await asyncio.sleep(0)
+                end_group(track)
+                seg.digests[name].append(digests)
+        else:
+            # compressed groups under a byte cap: encode every Group of the layer first, so
+            # that a layer over the cap publishes nothing
+            groups: list[tuple[str, list[bytes], list[str]]] = []
+            for comp, name, arr, codec in comps:
+                payloads = [encode(comp, arr, codec, b) for b in range(seg.blocks)]
+                total = sum(len(x) for x in payloads)
+                if total > o.max_group_bytes:
+                    raise self._fail(
+                        f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
+                        "limit of the relay: use a smaller segment")
+                groups.append((name, payloads, [x[36:68].hex() for x in payloads]))
+            for name, payloads, digests in groups:
+                track = seg.tracks[name]
+                for b, payload in enumerate(payloads):
+                    ep.publish(track, layer, b, payload, priority=prio)
+                end_group(track)
+                seg.digests[name].append(digests)
         seg.next_layer = layer + 1
         seg.layers_done += 1
         seg.since_manifest += 1
