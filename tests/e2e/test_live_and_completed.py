@@ -6,9 +6,10 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 
-from kvcs.kv.consumer import KvConsumer
-from kvcs.kv.publisher import KvPublisher
+from kvcs.kv.consumer import KvConsumer, KvLayer
+from kvcs.kv.publisher import KvPublisher, PublicationError
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
@@ -150,3 +151,36 @@ async def test_over_webtransport(net: LocalNet) -> None:
     assert [x.index for x in got] == list(range(LAYERS))
     for layer in got:
         assert same(layer.k, data[layer.index][0]) and same(layer.v, data[layer.index][1])
+
+
+async def test_concurrent_put_layer_never_publishes_a_location_twice(net: LocalNet) -> None:
+    """put_layer yields while it publishes: concurrent calls are serialized, layers in
+    the order called go through, and a repeated layer is refused, never published twice."""
+    relay = await net.relay()
+    data = cache(11)
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)
+    await pub.start()
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+    found = await consumer.discover()
+    assert found is not None
+    got: list[KvLayer] = []
+
+    async def take() -> None:
+        async for layer in consumer.layers(found):
+            got.append(layer)
+
+    reader = asyncio.create_task(take())
+    await asyncio.sleep(0.2)  # subscribed
+    first = [asyncio.create_task(pub.put_layer(i, *data[i])) for i in (0, 1)]
+    again = asyncio.create_task(pub.put_layer(0, *data[0]))
+    await asyncio.gather(*first)
+    with pytest.raises(PublicationError, match="expected layer 2, got 0"):
+        await again
+    for i in range(2, LAYERS):
+        await pub.put_layer(i, *data[i])
+    await pub.finish()
+    await asyncio.wait_for(reader, 10)
+    assert [x.index for x in got] == list(range(LAYERS))
+    for layer in got:
+        assert same(layer.k, data[layer.index][0]) and same(layer.v, data[layer.index][1])
+    assert consumer.stats.duplicates == 0 and consumer.stats.rejected == 0
