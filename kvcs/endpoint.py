@@ -470,7 +470,7 @@ class Endpoint:
         rid = self.session.subscribe(namespace, name, p)
         sub = Subscription(self, rid)
         self._requests[rid] = sub
-        self.flush()
+        self.schedule_flush()  # requests made in one loop turn share a datagram
         sub.ok = await sub._accepted
         return sub
 
@@ -492,7 +492,7 @@ class Endpoint:
         rid = self.session.fetch(namespace, name, p)
         res = FetchResult(self, rid)
         self._requests[rid] = res
-        self.flush()
+        self.schedule_flush()  # requests made in one loop turn share a datagram
         res.ok = await res._accepted
         return res
 
