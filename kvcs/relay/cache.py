@@ -1,8 +1,10 @@
 """The relay's object cache: tracks by Full Track Name, a byte budget, age and LRU eviction.
 
-Payload bytes are the views received from upstream (no copies). :attr:`Cache.bytes` counts
-payload bytes only; the per-object overhead (a :class:`CachedObject` and index entries,
-roughly 200 bytes per object in CPython) comes on top and is documented in docs/relay.md.
+Payloads are kept as received: zero-copy views of the received stream data, except that a
+view pinning a much larger receive buffer is copied to exact size (:func:`exact_payload`),
+so that the budget bounds memory. :attr:`Cache.bytes` counts payload bytes only; the
+per-object overhead (a :class:`CachedObject` and index entries, roughly 200 bytes per
+object in CPython) comes on top and is documented in docs/relay.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,19 @@ log = logging.getLogger(__name__)
 
 OBJECT_OVERHEAD = 200
 """Approximate bytes of Python bookkeeping per cached object (not counted in ``bytes``)."""
+
+
+def exact_payload(payload: bytes | memoryview) -> bytes | memoryview:
+    """The payload as the cache keeps it. A zero-copy view of received stream data pins
+    the whole chunk it points into (a 32 KiB object in a 60000-byte datagram's data keeps
+    all of it: the relay's RSS was 1.5x its cached payload), so a view of a buffer more
+    than 1/8 larger than itself is copied to exact size."""
+    if isinstance(payload, memoryview):
+        base = payload.obj
+        size = len(base) if isinstance(base, bytes | bytearray | memoryview) else None
+        if size is None or size > len(payload) + (len(payload) >> 3):
+            return bytes(payload)
+    return payload
 
 
 class Cache:

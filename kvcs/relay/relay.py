@@ -44,7 +44,7 @@ from ..moqt.wire import (
 from ..transport import QuicSettings, ensure_dev_certificate
 from ..transport.binding import Server
 from .auth import PUBLISH, SUBSCRIBE, Authorizer, render_namespace
-from .cache import Cache
+from .cache import Cache, exact_payload
 from .config import RelayConfig, parse_hostport
 from .metrics import Metrics, MetricsServer
 
@@ -620,7 +620,7 @@ class Relay:
         if prio is None:
             prio = track.default_priority
         obj = CachedObject(r.group_id, r.object_id, r.subgroup_id, prio, r.status,
-                           r.properties, r.payload)
+                           r.properties, exact_payload(r.payload))
         if e.fill_id is None and e.stream_id >= 0:
             link.streams[e.stream_id] = (r.group_id, r.subgroup_id)
         for p in link.downstream.values():

@@ -9,6 +9,7 @@ import pytest
 from kvcs.endpoint import MoqtRequestError
 from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectStatus
+from kvcs.relay.cache import exact_payload
 from kvcs.testing import until
 
 from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
@@ -142,3 +143,40 @@ async def test_immutability_violation_closes_the_publisher(env: Env) -> None:
     # the subscriber's session is fine
     with pytest.raises(MoqtRequestError):
         await c.subscribe(NS, b"t")  # no publisher any more -> DOES_NOT_EXIST
+
+
+def test_exact_payload_copies_views_that_pin_larger_buffers() -> None:
+    chunk = bytes(60000)
+    view = memoryview(chunk)[100:100 + 32768]
+    kept = exact_payload(view)
+    assert type(kept) is bytes and kept == view  # a copy: the 60000-byte chunk is free
+    whole = memoryview(bytes(32768))
+    assert exact_payload(whole) is whole  # already exact: kept as the zero-copy view
+    near = memoryview(bytes(33000))[:32768]
+    assert exact_payload(near) is near  # within 1/8: not worth a copy
+    data = b"x" * 10
+    assert exact_payload(data) is data
+
+
+async def test_cache_memory_is_bounded_by_its_payload_bytes(env: Env) -> None:
+    """What the relay caches pins no more than 1/8 beyond the payload bytes it counts."""
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    sub = await (await env.client(relay)).subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
+    task = asyncio.create_task(sub.collect(timeout=8))
+    for g in range(4):
+        for o in range(16):
+            pub.publish(track, g, o, bytes([o]) * 32768)
+        pub.publish(track, g, 16, b"", status=ObjectStatus.END_OF_GROUP)
+    pub.publish(track, 4, 0, b"", status=ObjectStatus.END_OF_TRACK)
+    assert len([o for o in await task if o.status == ObjectStatus.NORMAL]) == 64
+    cached = relay.cache.get((NS, b"t"))
+    assert cached is not None
+    pinned = 0
+    for obj in cached.objects(Location(0, 0)):
+        p = obj.payload
+        pinned += len(p.obj) if isinstance(p, memoryview) else len(p)  # type: ignore[arg-type]
+    assert cached.bytes == 64 * 32768
+    assert pinned <= cached.bytes * 9 // 8
