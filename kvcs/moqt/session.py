@@ -88,6 +88,10 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 SETUP_TYPE = 0x2F00
+MAX_SKIPPED_REQUEST_IDS = 4096
+"""Peer Request IDs that may be outstanding below the highest one seen. Each request has
+its own stream, so requests arrive out of order; a peer cannot have many more requests in
+flight than its open bidirectional streams, so a larger gap is treated as invalid."""
 CONTROL_PRIORITY = (0,)
 _KIND_SUBSCRIBE = Subscribe.TYPE
 _KIND_PUBLISH = Publish.TYPE
@@ -216,6 +220,7 @@ class Session:
         self._next_request_id = 0 if config.is_client else 1
         self._peer_parity = 1 if config.is_client else 0
         self._peer_next_request_id = self._peer_parity
+        self._peer_skipped_ids: set[int] = set()  # below the next one, not yet seen
         self._requests: dict[int, Request] = {}  # request id -> request
         self._by_stream: dict[int, Request] = {}  # bidi stream id -> request
         self._opening: dict[int, ControlStreamParser] = {}  # peer bidi, first msg partial
@@ -617,11 +622,23 @@ class Session:
             self._on_remote_fin(req)
 
     def _check_peer_request_id(self, rid: int) -> None:
+        """Wrong parity or a reused ID closes the session (INVALID_REQUEST_ID). Requests
+        travel on separate streams, so a lower ID may arrive after a higher one: IDs
+        skipped over are remembered until they arrive."""
         if rid & 1 != self._peer_parity:
             raise ProtocolError(SessionCode.INVALID_REQUEST_ID, f"request ID {rid} wrong parity")
-        if rid < self._peer_next_request_id:
+        nxt = self._peer_next_request_id
+        if rid >= nxt:
+            if rid > nxt:
+                if len(self._peer_skipped_ids) + (rid - nxt) // 2 > MAX_SKIPPED_REQUEST_IDS:
+                    raise ProtocolError(SessionCode.INVALID_REQUEST_ID,
+                                        f"request ID {rid} skips too many IDs")
+                self._peer_skipped_ids.update(range(nxt, rid, 2))
+            self._peer_next_request_id = rid + 2
+        elif rid in self._peer_skipped_ids:
+            self._peer_skipped_ids.discard(rid)  # overtaken by a later request's stream
+        else:
             raise ProtocolError(SessionCode.INVALID_REQUEST_ID, f"request ID {rid} reused")
-        self._peer_next_request_id = rid + 2
 
     def _new_peer_request(self, sid: int, msg: Message, parser: ControlStreamParser) -> Request:
         if not isinstance(
