@@ -376,17 +376,14 @@ def run_kvsp_serve(args: argparse.Namespace) -> int:
     from .kv.kvsp_http import KvspServer
     from .kv.store import BlockStore
     from .relay.auth import AuthError, Authorizer
+    from .relay.config import ConfigError, parse_hostport
     from .transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
 
     _setup_logging(args)
-    host, _, port_s = args.listen.rpartition(":")
-    host = host.strip("[]")
     try:
-        port = int(port_s)
-        if not host or not 0 <= port <= 65535:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--listen {args.listen!r}: use HOST:PORT") from None
+        host, port = parse_hostport(args.listen, "--listen")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     if not Path(args.store).is_dir():
         raise UsageError(f"--store {args.store}: not a directory")
     if args.key and not args.cert:
