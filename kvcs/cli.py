@@ -80,6 +80,12 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-requests-per-session", type=int, metavar="N")
     p.add_argument("--upstream-linger", type=float, metavar="SECONDS",
                    help="keep an idle upstream subscription this long (default 10)")
+    p.add_argument("--kvsp-store", metavar="DIR",
+                   help="also serve this directory of KVSP containers (kvcs publish --store) "
+                        "over HTTPS: the KVSP HTTP fallback (docs/kvsp-profile.md)")
+    p.add_argument("--kvsp-listen", metavar="HOST:PORT",
+                   help="TCP address of that HTTPS server (default: the relay's address and "
+                        "port number)")
     p.set_defaults(func=run_relay)
     return p
 
@@ -87,7 +93,7 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
 _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstream_cafile",
                "upstream_insecure", "upstream_token", "auth", "anonymous", "cache_bytes",
                "metrics", "log_level", "quic_preset", "quic_backend", "max_fetches_per_session",
-               "max_requests_per_session", "upstream_linger")
+               "max_requests_per_session", "upstream_linger", "kvsp_store", "kvsp_listen")
 
 
 def relay_config(args: argparse.Namespace) -> Any:
@@ -140,6 +146,9 @@ def run_relay(args: argparse.Namespace) -> int:
         if relay.metrics_server is not None:
             print(f"metrics on http://{cfg.metrics.rpartition(':')[0]}:"
                   f"{relay.metrics_server.port}/metrics", flush=True)
+        if relay.kvsp_server is not None:
+            print(f"KVSP containers of {cfg.kvsp_store} over HTTPS on {relay.kvsp_server.url}",
+                  flush=True)
         await stop.wait()
         print("shutting down (GOAWAY sent to all sessions)", flush=True)
         await relay.stop()

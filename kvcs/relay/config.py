@@ -58,6 +58,13 @@ class RelayConfig:
     goaway_grace: float = 2.0
     """Seconds between GOAWAY and closing sessions on shutdown."""
     sweep_interval: float = 1.0
+    kvsp_store: str | None = None
+    """A directory of KVSP containers (``kvcs publish --store``) that the relay also serves
+    over HTTPS (KVSP profile section 8: "the relay can be one"), with the relay's
+    certificate and auth file."""
+    kvsp_listen: str | None = None
+    """TCP ``HOST:PORT`` of that HTTPS server; default: the relay's own address and port
+    number (QUIC uses UDP, so TCP can share the number)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -89,6 +96,12 @@ class RelayConfig:
         parse_hostport(self.listen, "--listen")
         if self.metrics:
             parse_hostport(self.metrics, "--metrics")
+        if self.kvsp_listen:
+            if not self.kvsp_store:
+                raise ConfigError("--kvsp-listen needs --kvsp-store")
+            parse_hostport(self.kvsp_listen, "--kvsp-listen")
+        if self.kvsp_store and not Path(self.kvsp_store).is_dir():
+            raise ConfigError(f"--kvsp-store {self.kvsp_store}: not a directory")
         if not self.auth and not self.anonymous:
             raise ConfigError("refusing to start without authorization: pass --auth FILE "
                               "(or --anonymous for a local demo)")

@@ -86,3 +86,46 @@ def test_subprocess_start_fingerprint_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_relay_serves_kvsp_containers(tmp_path: Path) -> None:
+    """``kvcs relay --kvsp-store``: HTTPS on the relay's port number, startup line, 404."""
+    import urllib.error
+    import urllib.request
+
+    store = tmp_path / "store"
+    store.mkdir()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([PY, "-m", "kvcs", "relay", "--anonymous", "--listen",
+                             "127.0.0.1:0", "--kvsp-store", str(store)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert "KVSP containers" in lines[2], lines
+        url = lines[2].split()[-1]
+        port = lines[0].split()[4].rpartition(":")[2]
+        assert url == f"https://127.0.0.1:{port}", lines
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "certs" / "dev-cert.pem"))
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{url}/kvsp/v1/{'0' * 32}/{'1' * 64}/blocks/{'2' * 64}",
+                                   context=ctx, timeout=10)
+        assert info.value.code == 404
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_kvsp_flags_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, want in ((["--kvsp-store", str(tmp_path / "none")], "not a directory"),
+                       (["--kvsp-listen", "127.0.0.1:1"], "needs --kvsp-store"),
+                       (["--kvsp-store", str(tmp_path), "--kvsp-listen", "x"], "HOST:PORT")):
+        assert main(["relay", "--anonymous", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and want in err[0], err
