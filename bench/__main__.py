@@ -20,7 +20,8 @@ def _section(title: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the selected benchmarks (default: all) and write bench-results.json."""
+    """Run the selected benchmarks (default: all) and write bench-results.json (a run of
+    some suites replaces their figures and keeps the others')."""
     from bench import bench_codec, bench_e2e, bench_kv, bench_moqt, bench_relay, bench_transport
 
     suites: dict[str, Any] = {
@@ -41,12 +42,19 @@ def main(argv: list[str]) -> int:
     for name in chosen:
         _section(name)
         results[name] = suites[name]()
-    out: dict[str, Any] = {"suites": results}
-    if "e2e" in results:  # the issue's headline keys at the top level
-        out.update({k: results["e2e"][k] for k in (
+    path = ROOT / "bench-results.json"
+    suites_out = dict(results)
+    if argv:  # one suite: keep the other suites' figures from the last run
+        try:
+            previous = json.loads(path.read_text()).get("suites", {})
+        except (OSError, ValueError, AttributeError):
+            previous = {}
+        suites_out = {**previous, **results}
+    out: dict[str, Any] = {"suites": suites_out}
+    if "e2e" in suites_out:  # the issue's headline keys at the top level
+        out.update({k: suites_out["e2e"][k] for k in (
             "raw_ceiling_mib_s", "e2e_goodput_ratio", "direct_goodput_ratio", "ttfl_fraction",
             "consumer_mem_ratio", "layers")})
-    path = ROOT / "bench-results.json"
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
     return 0
