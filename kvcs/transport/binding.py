@@ -379,23 +379,23 @@ class MoqtConnection(QuicConnectionProtocol):
             return
         for stream_id in dict.fromkeys(drained):
             writable(stream_id)
+        self._notify_session_changed()
+        self.flush()
+
+    def _notify_session_changed(self) -> None:
+        """Run the ``session_changed`` hook (the application reacts to session events)."""
         if self.session_changed is not None:
             try:
                 self.session_changed(self)
             except Exception:
                 logger.exception("session_changed hook failed")
-        self.flush()
 
     def _process_events(self) -> None:
         self._inputs = False
         super()._process_events()
         if self._inputs and self.session is not None:
             self._inputs = False
-            if self.session_changed is not None:
-                try:
-                    self.session_changed(self)
-                except Exception:
-                    logger.exception("session_changed hook failed")
+            self._notify_session_changed()
             self._apply_actions()
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
