@@ -138,6 +138,14 @@ class _LayerBuf:
     have_v: np.ndarray
     digests: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
+    @classmethod
+    def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuf:
+        """Unfilled K and V arrays for ``blocks`` blocks of one layer."""
+        rows = blocks * desc.block_tokens
+        return cls(np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype),
+                   np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype),
+                   np.zeros(blocks, dtype=bool), np.zeros(blocks, dtype=bool))
+
     def complete(self) -> bool:
         return bool(self.have_k.all() and self.have_v.all())
 
@@ -416,13 +424,7 @@ class KvConsumer:
         if n <= 0:
             return
         self.stats.started_at = time.perf_counter()
-        B = self.descriptor.block_tokens
-        bufs = {layer: _LayerBuf(np.empty((n * B, *self.descriptor.k_shape()[1:]),
-                                          dtype=self.descriptor.dtype),
-                                 np.empty((n * B, *self.descriptor.v_shape()[1:]),
-                                          dtype=self.descriptor.dtype),
-                                 np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
-                for layer in lay}
+        bufs = {layer: _LayerBuf.empty(self.descriptor, n) for layer in lay}
 
         def place(index: int, _c: Container, ks: list[np.ndarray],
                   vs: list[np.ndarray]) -> None:
@@ -538,11 +540,7 @@ class _Retrieval:
     def _buf(self, layer: int) -> _LayerBuf:
         buf = self.bufs.get(layer)
         if buf is None:
-            rows = self.n * self.B
-            buf = self.bufs[layer] = _LayerBuf(
-                np.empty((rows, *self.k_shape[1:]), dtype=self.dtype),
-                np.empty((rows, *self.v_shape[1:]), dtype=self.dtype),
-                np.zeros(self.n, dtype=bool), np.zeros(self.n, dtype=bool))
+            buf = self.bufs[layer] = _LayerBuf.empty(self.c.descriptor, self.n)
         return buf
 
     def accept(self, comp: str, obj: ReceivedObject) -> None:
