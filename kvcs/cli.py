@@ -108,6 +108,17 @@ def relay_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (call inside the running loop): servers wait on
+    it, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
     from .quic_backend import BACKEND_ENV, choose
@@ -127,11 +138,7 @@ def run_relay(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
     async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         try:
             await relay.start()
         except OSError as exc:

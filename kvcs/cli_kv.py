@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from .cli import UsageError, command
+from .cli import UsageError, command, stop_on_signals
 
 log = logging.getLogger("kvcs")
 
@@ -369,8 +369,6 @@ def _kvsp_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_kvsp_serve(args: argparse.Namespace) -> int:
     """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
-    import contextlib
-    import signal
     from pathlib import Path
 
     from .kv.kvsp_http import KvspServer
@@ -409,11 +407,7 @@ def run_kvsp_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"certificate: {what}") from None
 
     async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         try:
             await server.start()
         except OSError as exc:
