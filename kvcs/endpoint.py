@@ -365,7 +365,8 @@ class Endpoint:
             self.conn.flush()
 
     def schedule_flush(self) -> None:
-        """Flush soon (coalesces many object writes into one transmit)."""
+        """Flush at the end of this loop turn: object writes, and requests made from
+        several tasks in one turn (a consumer's K and V FETCHes), share one transmit."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -414,7 +415,7 @@ class Endpoint:
         rid = self.session.publish_namespace(namespace, p)
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
-        self.flush()
+        self.schedule_flush()
         await fut
         ns = tuple(namespace)
         self.announced[ns] = rid
@@ -470,7 +471,7 @@ class Endpoint:
         rid = self.session.subscribe(namespace, name, p)
         sub = Subscription(self, rid)
         self._requests[rid] = sub
-        self.schedule_flush()  # requests made in one loop turn share a datagram
+        self.schedule_flush()
         sub.ok = await sub._accepted
         return sub
 
@@ -492,7 +493,7 @@ class Endpoint:
         rid = self.session.fetch(namespace, name, p)
         res = FetchResult(self, rid)
         self._requests[rid] = res
-        self.schedule_flush()  # requests made in one loop turn share a datagram
+        self.schedule_flush()
         res.ok = await res._accepted
         return res
 
@@ -501,7 +502,7 @@ class Endpoint:
         rid = self.session.track_status(namespace, name, self._params(None))
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
-        self.flush()
+        self.schedule_flush()
         return await fut
 
     async def subscribe_namespace(self, prefix: TrackNamespace) -> NamespaceWatch:
@@ -509,7 +510,7 @@ class Endpoint:
         rid = self.session.subscribe_namespace(prefix, self._params(None))
         watch = NamespaceWatch(self, rid)
         self._requests[rid] = watch
-        self.flush()
+        self.schedule_flush()
         await watch._accepted
         return watch
 
