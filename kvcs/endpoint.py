@@ -267,8 +267,8 @@ class Endpoint:
             asyncio.get_running_loop().create_future())
         self._closed: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._flush_scheduled = False
-        conn.session_changed = lambda _c: self._dispatch()
-        self.conn._closed_callbacks.append(self._on_connection_closed)
+        conn.attach(self)
+        conn.add_close_callback(self._on_connection_closed)
         if not self.session.config.is_client:
             # a peer that never sends SETUP is closed (CONTROL_MESSAGE_TIMEOUT)
             asyncio.get_running_loop().call_later(SETUP_TIMEOUT, self._check_setup)
@@ -361,7 +361,7 @@ class Endpoint:
     def flush(self) -> None:
         """Send what the session has queued (call after session API calls)."""
         self._flush_scheduled = False
-        if not self.conn._closed.is_set():
+        if not self.conn.is_closed:
             self.conn.flush()
 
     def schedule_flush(self) -> None:
@@ -375,6 +375,10 @@ class Endpoint:
         """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""
         self.flush()
         await self.conn.drain(limit)
+
+    def session_changed(self) -> None:
+        """:class:`~kvcs.transport.SessionHandler`: handle the session's new events."""
+        self._dispatch()
 
     def _check_setup(self) -> None:
         if self.session.peer_setup is None and not self.is_closed:

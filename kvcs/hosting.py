@@ -38,7 +38,7 @@ class TrackHost:
         ep.tracks = self.tracks
         ep.announced = self.announced
         self.endpoints.append(ep)
-        ep.conn._closed_callbacks.append(lambda: self._detach(ep))
+        ep.conn.add_close_callback(lambda: self._detach(ep))
 
     def _detach(self, ep: Endpoint) -> None:
         if ep in self.endpoints:

@@ -7,6 +7,7 @@ from .binding import (
     SansIOSession,
     Server,
     SessionFactory,
+    SessionHandler,
     connect,
     serve,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "SansIOSession",
     "Server",
     "SessionFactory",
+    "SessionHandler",
     "connect",
     "ensure_dev_certificate",
     "fingerprint_sha256",

@@ -1,11 +1,11 @@
 """asyncio + QUIC (qh3 or aioquic) binding of a sans-IO MOQT session (raw QUIC, WebTransport).
 
 One :class:`MoqtConnection` per QUIC connection owns one sans-IO session. It feeds QUIC
-(or WebTransport) events into the session, calls the application's ``session_changed``
-hook after every batch of inputs, then drains ``session.actions()`` and carries them out:
-stream data goes through a priority :class:`~kvcs.transport.scheduler.SendScheduler`.
+(or WebTransport) events into the session, calls the attached :class:`SessionHandler`
+after every batch of inputs, then drains ``session.actions()`` and carries them out: stream
+data goes through a priority :class:`~kvcs.transport.scheduler.SendScheduler`.
 
-Application code that calls session API methods itself (outside the hook) must call
+Application code that calls session API methods itself (outside the handler) must call
 :meth:`MoqtConnection.flush` afterwards.
 
 Server: :func:`serve` accepts raw QUIC (ALPN ``moqt-22``) and HTTP/3 WebTransport (ALPN
@@ -160,6 +160,16 @@ SessionFactory = Callable[[StreamOpener, ConnectionInfo], SansIOSession]
 SessionHook = Callable[["MoqtConnection"], None]
 
 
+class SessionHandler(Protocol):
+    """What the binding calls on the application side of a session (an endpoint, a relay
+    peer): attach one with :meth:`MoqtConnection.attach`."""
+
+    def session_changed(self) -> None:
+        """The session took input (it may have events); called after each batch of inputs
+        and after streams drained, before the session's actions are sent."""
+        ...
+
+
 class MoqtConnection(QuicConnectionProtocol):
     """One QUIC connection carrying one MOQT session (raw QUIC or WebTransport).
 
@@ -174,7 +184,6 @@ class MoqtConnection(QuicConnectionProtocol):
         *,
         factory: SessionFactory,
         settings: QuicSettings,
-        session_changed: SessionHook | None = None,
         on_session: SessionHook | None = None,
         authority: str | None = None,
         path: str | None = None,
@@ -192,9 +201,8 @@ class MoqtConnection(QuicConnectionProtocol):
         self.settings = settings
         self.session: SansIOSession | None = None
         self.info: ConnectionInfo | None = None
-        self.session_changed = session_changed
-        """Called with this connection after each batch of inputs fed to the session,
-        before its actions are drained and sent."""
+        self.handler: SessionHandler | None = None
+        """The application side of the session (see :meth:`attach`)."""
         self._factory = factory
         self._on_session = on_session
         self._is_client = quic.configuration.is_client
@@ -224,6 +232,19 @@ class MoqtConnection(QuicConnectionProtocol):
         self._closed_callbacks: list[Callable[[], None]] = []
 
     # -- public API -----------------------------------------------------------------
+
+    def attach(self, handler: SessionHandler) -> None:
+        """Make ``handler`` the application side of this connection's session."""
+        self.handler = handler
+
+    def add_close_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the QUIC connection has ended."""
+        self._closed_callbacks.append(callback)
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the QUIC connection has ended."""
+        return self._closed.is_set()
 
     @property
     def is_webtransport(self) -> bool:
@@ -383,12 +404,12 @@ class MoqtConnection(QuicConnectionProtocol):
         self.flush()
 
     def _notify_session_changed(self) -> None:
-        """Run the ``session_changed`` hook (the application reacts to session events)."""
-        if self.session_changed is not None:
+        """Let the handler react to session events."""
+        if self.handler is not None:
             try:
-                self.session_changed(self)
+                self.handler.session_changed()
             except Exception:
-                logger.exception("session_changed hook failed")
+                logger.exception("session handler failed")
 
     def _process_events(self) -> None:
         self._inputs = False
@@ -871,7 +892,7 @@ class Server:
 
     def _register(self, conn: MoqtConnection) -> None:
         self.connections.add(conn)
-        conn._closed_callbacks.append(lambda: self.connections.discard(conn))
+        conn.add_close_callback(lambda: self.connections.discard(conn))
 
     def close(self) -> None:
         """Close every connection (code 0) and the socket immediately."""
@@ -907,7 +928,6 @@ async def serve(
     certfile: str | None = None,
     keyfile: str | None = None,
     *,
-    session_changed: SessionHook | None = None,
     on_session: SessionHook | None = None,
 ) -> Server:
     """Listen on ``host:port`` (0 = ephemeral, see ``Server.port``) for raw QUIC (ALPN
@@ -929,7 +949,6 @@ async def serve(
             stream_handler,
             factory=factory,
             settings=settings,
-            session_changed=session_changed,
             on_session=on_session,
             receive_batch=batch,
         )
@@ -986,7 +1005,6 @@ async def _open_connection(
     verify: bool,
     cafile: str | None,
     pin_sha256: str | bytes | None,
-    session_changed: SessionHook | None,
     timeout: float,
 ) -> MoqtConnection:
     target = _parse_url(url)
@@ -1027,7 +1045,6 @@ async def _open_connection(
             quic,
             factory=factory,
             settings=settings,
-            session_changed=session_changed,
             authority=target.authority,
             path=target.path,
             webtransport=target.webtransport,
@@ -1042,7 +1059,7 @@ async def _open_connection(
     try:
         await asyncio.wait_for(conn.wait_ready(), timeout)
     except BaseException as exc:
-        if not conn._closed.is_set():
+        if not conn.is_closed:
             conn._close_quic(QuicErrorCode.NO_ERROR, "connect failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(conn.wait_closed(), 1.0)
@@ -1081,7 +1098,6 @@ def connect(
     verify: bool = True,
     cafile: str | None = None,
     pin_sha256: str | bytes | None = None,
-    session_changed: SessionHook | None = None,
     timeout: float = 10.0,
 ) -> _Connect:
     """Connect to ``moqt://host[:port]/path`` (raw QUIC, ALPN ``moqt-22``) or
@@ -1104,7 +1120,6 @@ def connect(
             verify,
             cafile,
             pin_sha256,
-            session_changed,
             timeout,
         )
     )
