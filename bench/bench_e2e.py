@@ -36,9 +36,9 @@ import numpy as np
 from bench._proc import child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
-from kvcs.kv.consumer import KvConsumer
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
-from kvcs.kv.publisher import KvPublisher
+from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.publisher import KvPublisher
 from kvcs.transport import QuicSettings, ensure_dev_certificate
 from kvcs.transport.backend import BACKEND
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_model
 
 from kvcs.endpoint import Endpoint
-from kvcs.kv.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.transport import QuicSettings
 
 

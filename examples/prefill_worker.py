@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_model
 
 from kvcs.endpoint import Endpoint
-from kvcs.kv.publisher import KvPublisher, PublisherOptions
+from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.transport import QuicSettings
 
 

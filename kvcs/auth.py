@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..moqt.wire import TrackNamespace, namespace_has_prefix
-from .config import ConfigError
+from .errors import ConfigError
+from .moqt.wire import TrackNamespace, namespace_has_prefix
 
 PUBLISH = "publish"
 SUBSCRIBE = "subscribe"

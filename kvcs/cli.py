@@ -119,6 +119,29 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
+async def start_kvsp_beside(relay: Any) -> Any:
+    """Start the KVSP HTTPS holder of ``relay.config.kvsp_store`` beside a started relay:
+    same certificate and auth file, TCP on the relay's port number unless ``kvsp_listen``
+    says otherwise. Returns the :class:`~kvcs.kvnet.kvsp_http.KvspServer` (the caller
+    closes it); the relay itself never imports the KV layer."""
+    from .kv.store import BlockStore
+    from .kvnet.kvsp_http import KvspServer  # aiohttp: loaded only when configured
+    from .relay.config import parse_hostport
+
+    cfg = relay.config
+    assert cfg.kvsp_store and relay.certfile is not None
+    host, port = (parse_hostport(cfg.kvsp_listen, "--kvsp-listen") if cfg.kvsp_listen
+                  else (relay.host, relay.port))
+    server = KvspServer(BlockStore(cfg.kvsp_store), authorizer=relay.auth,
+                        certfile=relay.certfile, keyfile=relay.keyfile, host=host, port=port)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise OSError(exc.errno, f"KVSP HTTPS on {host}:{port}: {exc.strerror or exc}") from exc
+    log.info("serving KVSP containers of %s on %s", cfg.kvsp_store, server.url)
+    return server
+
+
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
     from .quic_backend import BACKEND_ENV, choose
@@ -139,8 +162,11 @@ def run_relay(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         stop = stop_on_signals()
+        kvsp = None
         try:
             await relay.start()
+            if cfg.kvsp_store:
+                kvsp = await start_kvsp_beside(relay)
         except OSError as exc:
             raise UsageError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from None
         except ConnectionError as exc:
@@ -153,11 +179,12 @@ def run_relay(args: argparse.Namespace) -> int:
         if relay.metrics_server is not None:
             print(f"metrics on http://{cfg.metrics.rpartition(':')[0]}:"
                   f"{relay.metrics_server.port}/metrics", flush=True)
-        if relay.kvsp_server is not None:
-            print(f"KVSP containers of {cfg.kvsp_store} over HTTPS on {relay.kvsp_server.url}",
-                  flush=True)
+        if kvsp is not None:
+            print(f"KVSP containers of {cfg.kvsp_store} over HTTPS on {kvsp.url}", flush=True)
         await stop.wait()
         print("shutting down (GOAWAY sent to all sessions)", flush=True)
+        if kvsp is not None:
+            await kvsp.aclose()
         await relay.stop()
 
     asyncio.run(run())

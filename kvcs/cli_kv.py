@@ -134,8 +134,8 @@ def run_publish(args: argparse.Namespace) -> int:
     """``kvcs publish``."""
     from .kv.cose import ProducerKey
     from .kv.files import FileFormatError, load_kv
-    from .kv.publisher import KvPublisher, PublicationError, PublisherOptions
     from .kv.store import BlockStore, store_cache
+    from .kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -238,10 +238,10 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """``kvcs fetch``."""
-    from .kv.consumer import KvConsumer, RecomputeRequired
     from .kv.cose import Keyring
     from .kv.errors import KvcsError
     from .kv.files import FileFormatError, save_kv
+    from .kvnet.consumer import KvConsumer, RecomputeRequired
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -327,7 +327,7 @@ def _http_client(args: argparse.Namespace) -> Any:
     """The KvspClient of ``fetch --http`` (None without --http)."""
     if not args.http:
         return None
-    from .kv.kvsp_http import KvspClient
+    from .kvnet.kvsp_http import KvspClient
 
     try:
         return KvspClient(args.http, args.http_token, cafile=args.http_cafile,
@@ -371,9 +371,9 @@ def run_kvsp_serve(args: argparse.Namespace) -> int:
     """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
     from pathlib import Path
 
-    from .kv.kvsp_http import KvspServer
+    from .auth import AuthError, Authorizer
     from .kv.store import BlockStore
-    from .relay.auth import AuthError, Authorizer
+    from .kvnet.kvsp_http import KvspServer
     from .relay.config import ConfigError, parse_hostport
     from .transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
 

@@ -55,16 +55,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
+from ..kv.codecs import codec_value, decode_kv, decode_section, raw_section
+from ..kv.container import Container, decode_container, read_container
+from ..kv.cose import Keyring, verify_manifest
+from ..kv.errors import ContainerError, KvcsError, ManifestError, SignatureError, VerificationError
+from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
+from ..kv.manifest import Manifest, Segment, check_namespace, segment_covers
+from ..kv.payload import verify_payload
+from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
-from .codecs import codec_value, decode_kv, decode_section, raw_section
-from .container import Container, decode_container, read_container
-from .cose import Keyring, verify_manifest
-from .errors import ContainerError, KvcsError, ManifestError, SignatureError, VerificationError
-from .ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
-from .manifest import Manifest, Segment, check_namespace, segment_covers
-from .payload import verify_payload
-from .tracks import TrackName
 
 if TYPE_CHECKING:
     from .kvsp_http import KvspClient
@@ -185,7 +185,7 @@ class KvConsumer:
         if not self.endpoints and http is None:
             raise ValueError("at least one endpoint (or an HTTP client) is needed")
         self.http = http
-        """KVSP HTTP holders (:class:`~kvcs.kv.kvsp_http.KvspClient`) used when MOQT
+        """KVSP HTTP holders (:class:`~kvcs.kvnet.kvsp_http.KvspClient`) used when MOQT
         sources fail (recovery) or when there is no MOQT path (:meth:`http_layers`)."""
         self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
                            else CompatDescriptor.from_dict(descriptor))

@@ -9,7 +9,7 @@ Routes (HTTPS, ``Authorization: Bearer <token>``, identifiers in lowercase hex):
 
 :class:`KvspServer` serves a :class:`~kvcs.kv.store.BlockStore`; :class:`KvspClient`
 retrieves containers from one or more holders. A token is valid for a request when the
-:class:`~kvcs.relay.auth.Authorizer` lets it *subscribe* to ``("kvcs-1", ScopeID,
+:class:`~kvcs.auth.Authorizer` lets it *subscribe* to ``("kvcs-1", ScopeID,
 CompatID)``, in the raw or the hex namespace encoding (so a relay's auth file serves both).
 The client only transports bytes; the consumer verifies every container
 (:func:`~kvcs.kv.container.read_container`) before using it.
@@ -29,10 +29,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..relay.auth import SUBSCRIBE, Authorizer, parse_field
+from ..auth import SUBSCRIBE, Authorizer, parse_field
+from ..kv.errors import KvcsError
+from ..kv.store import SCOPE_ID_SIZE, BlockStore, parse_hex_id
 from ..transport.certs import parse_fingerprint
-from .errors import KvcsError
-from .store import SCOPE_ID_SIZE, BlockStore, parse_hex_id
 
 __all__ = [
     "CONTENT_TYPE",

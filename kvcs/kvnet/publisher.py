@@ -35,16 +35,23 @@ from typing import Protocol
 
 import numpy as np
 
+from ..kv.codecs import codec_value, encode_kv, encode_section
+from ..kv.cose import ProducerKey, sign_manifest
+from ..kv.errors import KvcsError
+from ..kv.ids import (
+    CompatDescriptor,
+    KvcsNamespace,
+    ScopeKey,
+    block_keys,
+    new_publication_id,
+    scope_id,
+)
+from ..kv.manifest import Manifest, Segment
+from ..kv.payload import build_payload
+from ..kv.tracks import TrackName
 from ..moqt.track import Track
 from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
 from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
-from .codecs import codec_value, encode_kv, encode_section
-from .cose import ProducerKey, sign_manifest
-from .errors import KvcsError
-from .ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, new_publication_id, scope_id
-from .manifest import Manifest, Segment
-from .payload import build_payload
-from .tracks import TrackName
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .auth import AuthError, Authorizer, Grant, parse_namespace
+from ..auth import AuthError, Authorizer, Grant, parse_namespace
 from .cache import Cache
 from .config import ConfigError, RelayConfig, load_config_file
 from .metrics import Metrics

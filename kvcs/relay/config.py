@@ -8,9 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration (bad file, bad value); one-line message."""
+from ..errors import ConfigError
 
 
 def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:
@@ -59,9 +57,10 @@ class RelayConfig:
     """Seconds between GOAWAY and closing sessions on shutdown."""
     sweep_interval: float = 1.0
     kvsp_store: str | None = None
-    """A directory of KVSP containers (``kvcs publish --store``) that the relay also serves
-    over HTTPS (KVSP profile section 8: "the relay can be one"), with the relay's
-    certificate and auth file."""
+    """A directory of KVSP containers (``kvcs publish --store``) that ``kvcs relay`` also
+    serves over HTTPS beside the relay (KVSP profile section 8: "the relay can be one"),
+    with the relay's certificate and auth file. The :class:`Relay` itself never reads it:
+    the relay does not import the KV layer (:func:`kvcs.cli.start_kvsp_beside`)."""
     kvsp_listen: str | None = None
     """TCP ``HOST:PORT`` of that HTTPS server; default: the relay's own address and port
     number (QUIC uses UDP, so TCP can share the number)."""

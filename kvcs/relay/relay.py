@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..auth import PUBLISH, SUBSCRIBE, Authorizer, render_namespace
 from ..endpoint import Endpoint, serve_endpoints
 from ..moqt import events as ev
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode, StreamResetCode
@@ -43,7 +44,6 @@ from ..moqt.wire import (
 )
 from ..transport import QuicSettings, ensure_dev_certificate
 from ..transport.binding import Server
-from .auth import PUBLISH, SUBSCRIBE, Authorizer, render_namespace
 from .cache import Cache, exact_payload
 from .config import RelayConfig, parse_hostport
 from .metrics import Metrics, MetricsServer
@@ -125,9 +125,11 @@ class Relay:
         self.cache.on_evict = self._on_evict
         self.server: Server | None = None
         self.metrics_server: MetricsServer | None = None
-        self.kvsp_server: Any = None
-        """The KVSP HTTPS holder (:class:`~kvcs.kv.kvsp_http.KvspServer`) when
-        ``kvsp_store`` is configured."""
+        self.host: str | None = None
+        self.certfile: str | None = None
+        self.keyfile: str | None = None
+        """The relay's address and TLS identity once started (a KVSP HTTPS holder beside
+        the relay uses them: :func:`kvcs.cli.start_kvsp_beside`)."""
         self.fingerprint: str | None = None
         self.peers: dict[int, Peer] = {}
         self.publishers: dict[TrackNamespace, list[Peer]] = {}
@@ -170,6 +172,7 @@ class Relay:
             dev = ensure_dev_certificate(cfg.cert_dir)
             certfile, keyfile = str(dev.certfile), str(dev.keyfile)
             self.fingerprint = dev.sha256
+        self.host, self.certfile, self.keyfile = host, certfile, keyfile
         if cfg.upstream:
             await self._connect_upstream()
         self.server = await serve_endpoints(host, port, self._on_endpoint, certfile=certfile,
@@ -179,29 +182,10 @@ class Relay:
             mh, mp = parse_hostport(cfg.metrics, "--metrics")
             self.metrics_server = MetricsServer(self.metrics)
             await self.metrics_server.start(mh, mp)
-        if cfg.kvsp_store:
-            await self._start_kvsp(host, certfile, keyfile)
         self._sweeper = asyncio.create_task(self._sweep_loop())
         log.info("relay listening on %s:%d (upstream %s, cache %d bytes, %s)", host,
                  self.server.port, cfg.upstream or "none", cfg.cache_bytes,
                  "anonymous" if self.auth.anonymous else f"{len(self.auth.grants)} tokens")
-
-    async def _start_kvsp(self, host: str, certfile: str, keyfile: str | None) -> None:
-        from ..kv.kvsp_http import KvspServer  # aiohttp: loaded only when configured
-        from ..kv.store import BlockStore
-
-        cfg = self.config
-        assert cfg.kvsp_store and self.server is not None
-        kh, kp = (parse_hostport(cfg.kvsp_listen, "--kvsp-listen") if cfg.kvsp_listen
-                  else (host, self.server.port))
-        server = KvspServer(BlockStore(cfg.kvsp_store), authorizer=self.auth,
-                            certfile=certfile, keyfile=keyfile, host=kh, port=kp)
-        try:
-            await server.start()
-        except OSError as exc:
-            raise OSError(exc.errno, f"KVSP HTTPS on {kh}:{kp}: {exc.strerror or exc}") from exc
-        self.kvsp_server = server
-        log.info("serving KVSP containers of %s on %s", cfg.kvsp_store, server.url)
 
     async def _connect_upstream(self) -> None:
         cfg = self.config
@@ -248,8 +232,6 @@ class Relay:
             await self.server.aclose(timeout=1.0)
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
-        if self.kvsp_server is not None:
-            await self.kvsp_server.aclose()
         log.info("relay stopped")
 
     async def _sweep_loop(self) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcs.kv.consumer import KvConsumer
-from kvcs.kv.publisher import KvPublisher
+from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.publisher import KvPublisher
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same

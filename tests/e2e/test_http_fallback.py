@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from kvcs.kv.consumer import KvConsumer, RecomputeRequired
+from kvcs.auth import Authorizer
+from kvcs.cli import start_kvsp_beside
 from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import SignatureError
 from kvcs.kv.ids import block_keys, scope_id
-from kvcs.kv.kvsp_http import KvspClient, KvspError, KvspServer
-from kvcs.kv.publisher import PublisherOptions
 from kvcs.kv.store import BlockStore, store_cache
-from kvcs.relay.auth import Authorizer
+from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.kvsp_http import KvspClient, KvspError, KvspServer
+from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
@@ -159,30 +160,34 @@ async def test_relay_is_a_kvsp_holder(net: LocalNet, tmp_path: Path) -> None:
     store = tmp_path / "relay-store"
     store.mkdir()
     relay = await net.relay(authorizer=AUTH_RELAY, kvsp_store=str(store))
-    assert relay.kvsp_server is not None and relay.kvsp_server.port == relay.port
-    evil = await net.relay(TamperingRelay, upstream=relay,
-                           upstream_token="prefill")  # type: ignore[arg-type]
-    evil.drop = {(b"v.raw.s0", 2, 6)}  # type: ignore[misc]
-    pub_ep = await net.client(relay, token=b"prefill")
-    data = cache(36)
-    from kvcs.kv.publisher import KvPublisher
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
-    store_cache(BlockStore(store), DESC, SCOPE, PROMPT, [k for k, _ in data],
-                [v for _, v in data])
-    async with KvspClient(relay.kvsp_server.url, "decode-worker",
-                          pin_sha256=net.cert.sha256) as client:
-        assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is not None
-        consumer = KvConsumer(await net.client(evil, token=b"decode-worker"), SCOPE, DESC,
-                              PROMPT, recompute_budget_s=5, http=client)
-        found = await consumer.discover()
-        assert found is not None
-        got = [x async for x in consumer.layers(found)]
-        _check(got, data)
-        assert consumer.stats.http_blocks == 1
-    async with KvspClient(relay.kvsp_server.url, "publish-only",
-                          pin_sha256=net.cert.sha256) as other:  # may publish, not read
-        with pytest.raises(KvspError, match="403"):
-            await other.get_block(SID, DESC.compat_id, KEYS[0])
+    holder = await start_kvsp_beside(relay)
+    try:
+        assert holder.port == relay.port
+        evil = await net.relay(TamperingRelay, upstream=relay,
+                               upstream_token="prefill")  # type: ignore[arg-type]
+        evil.drop = {(b"v.raw.s0", 2, 6)}  # type: ignore[misc]
+        pub_ep = await net.client(relay, token=b"prefill")
+        data = cache(36)
+        from kvcs.kvnet.publisher import KvPublisher
+        pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
+        for i, (k, v) in enumerate(data):
+            await pub.put_layer(i, k, v)
+        await pub.finish()
+        store_cache(BlockStore(store), DESC, SCOPE, PROMPT, [k for k, _ in data],
+                    [v for _, v in data])
+        async with KvspClient(holder.url, "decode-worker",
+                              pin_sha256=net.cert.sha256) as client:
+            assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is not None
+            consumer = KvConsumer(await net.client(evil, token=b"decode-worker"), SCOPE, DESC,
+                                  PROMPT, recompute_budget_s=5, http=client)
+            found = await consumer.discover()
+            assert found is not None
+            got = [x async for x in consumer.layers(found)]
+            _check(got, data)
+            assert consumer.stats.http_blocks == 1
+        async with KvspClient(holder.url, "publish-only",
+                              pin_sha256=net.cert.sha256) as other:  # may publish, not read
+            with pytest.raises(KvspError, match="403"):
+                await other.get_block(SID, DESC.compat_id, KEYS[0])
+    finally:
+        await holder.aclose()

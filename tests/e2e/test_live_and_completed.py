@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from kvcs.kv.consumer import KvConsumer, KvLayer
-from kvcs.kv.publisher import KvPublisher, PublicationError
+from kvcs.kvnet.consumer import KvConsumer, KvLayer
+from kvcs.kvnet.publisher import KvPublisher, PublicationError
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
@@ -104,7 +104,7 @@ async def test_completed_through_two_relays(net: LocalNet) -> None:
 
 async def test_joint_tracks_q8_and_zstd(net: LocalNet) -> None:
     """The optional joint ``kv.<codec>`` track: zstd is lossless, q8 within its bound."""
-    from kvcs.kv.publisher import PublisherOptions
+    from kvcs.kvnet.publisher import PublisherOptions
 
     relay = await net.relay()
     data = cache(7)

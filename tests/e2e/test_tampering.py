@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcs.kv.consumer import KvConsumer, RecomputeRequired
 from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import ManifestError
 from kvcs.kv.manifest import Manifest
-from kvcs.kv.publisher import KvPublisher, PublisherOptions
+from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
 from kvcs.relay import Relay
 from kvcs.testing import LocalNet

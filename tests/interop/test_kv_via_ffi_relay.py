@@ -20,9 +20,9 @@ pytest.importorskip("moq")
 from moq_helpers import FfiServer
 
 from kvcs.endpoint import Endpoint
-from kvcs.kv.consumer import KvConsumer
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
-from kvcs.kv.publisher import KvPublisher, PublicationError, PublisherOptions
+from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 from kvcs.transport import QuicSettings
 
 pytestmark = pytest.mark.interop

@@ -12,12 +12,12 @@ import aiohttp
 import numpy as np
 import pytest
 
+from kvcs.auth import Authorizer
 from kvcs.kv.container import read_container
 from kvcs.kv.errors import ContainerError
 from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
-from kvcs.kv.kvsp_http import CONTENT_TYPE, MAX_LOOKUP_KEYS, KvspClient, KvspError, KvspServer
 from kvcs.kv.store import BlockStore, store_cache
-from kvcs.relay.auth import Authorizer
+from kvcs.kvnet.kvsp_http import CONTENT_TYPE, MAX_LOOKUP_KEYS, KvspClient, KvspError, KvspServer
 from kvcs.transport import DevCertificate
 
 DESC = CompatDescriptor.from_dict({

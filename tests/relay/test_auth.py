@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from kvcs.auth import PUBLISH, SUBSCRIBE, AuthError
 from kvcs.endpoint import MoqtRequestError
 from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import AuthToken, LocationFilter, Parameters
 from kvcs.relay import Authorizer, ConfigError, RelayConfig
-from kvcs.relay.auth import PUBLISH, SUBSCRIBE, AuthError
 
 from .conftest import Env, publish_group
 
