@@ -266,7 +266,6 @@ class Endpoint:
         self._established: asyncio.Future[SetupOptions] = (
             asyncio.get_running_loop().create_future())
         self._closed: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
-        self._flush_scheduled = False
         conn.attach(self)
         conn.add_close_callback(self._on_connection_closed)
         if not self.session.config.is_client:
@@ -360,16 +359,11 @@ class Endpoint:
 
     def flush(self) -> None:
         """Send what the session has queued (call after session API calls)."""
-        self._flush_scheduled = False
-        if not self.conn.is_closed:
-            self.conn.flush()
+        self.conn.flush()
 
     def schedule_flush(self) -> None:
-        """Flush at the end of this loop turn: object writes, and requests made from
-        several tasks in one turn (a consumer's K and V FETCHes), share one transmit."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        """Flush at the end of this loop turn (:meth:`MoqtConnection.flush_soon`)."""
+        self.conn.flush_soon()
 
     async def drain(self, limit: int = 4 << 20) -> None:
         """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""

@@ -214,6 +214,7 @@ class MoqtConnection(QuicConnectionProtocol):
         self._sock = sock  # client: the socket of our own transport, read in batches
         self._receive_batch = receive_batch  # server: set while the server reads a batch
         self._writable_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
         self._scheduler = SendScheduler(quic, settings.send_watermark)
         self._ready: asyncio.Future[None] = self._loop.create_future()
         self._inputs = False
@@ -272,8 +273,18 @@ class MoqtConnection(QuicConnectionProtocol):
 
     def flush(self) -> None:
         """Drain the session's actions, carry them out and transmit."""
+        self._flush_handle = None
+        if self.is_closed:
+            return
         self._apply_actions()
         self.transmit()
+
+    def flush_soon(self) -> None:
+        """:meth:`flush` at the end of this event-loop turn (once, however often called):
+        object writes and requests made by several tasks in one turn (a consumer's K and V
+        FETCHes, a relay fanning one object out) share one transmit and one datagram."""
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self.flush)
 
     def open_stream(self, unidirectional: bool) -> int:
         """StreamOpener: allocate a new local stream (no I/O)."""
