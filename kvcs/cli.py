@@ -198,9 +198,10 @@ def run_relay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    from . import cli_kv  # noqa: F401  (registers publish, fetch, inspect)
+    from . import __version__, cli_kv  # noqa: F401  (cli_kv registers publish, fetch, ...)
 
     parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
+    parser.add_argument("--version", action="version", version=f"kvcs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for build in COMMANDS.values():

@@ -14,13 +14,19 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .cli import UsageError, command, stop_on_signals
 
 log = logging.getLogger("kvcs")
+
+KEYRING_HELP = ("producer public keys: a directory of <kid>.pem files (the key ID is the file "
+                "name without .pem), a JSON keyring {\"keys\": [{\"kid\": ..., \"pem\": "
+                "...}]}, or one PEM file (key ID: its name without .pem)")
 
 
 def _common(p: argparse.ArgumentParser, *, tokens: bool = True, relay: bool = True) -> None:
@@ -62,6 +68,21 @@ def _scope(args: argparse.Namespace) -> Any:
         raise UsageError(f"scope key: {exc}") from None
 
 
+def _keyring(args: argparse.Namespace) -> Any:
+    """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
+    from .kv.cose import Keyring
+    from .kv.errors import KvcsError
+
+    if not args.keyring:
+        return None
+    try:
+        return Keyring.load(args.keyring)
+    except OSError as exc:
+        raise UsageError(f"--keyring {args.keyring}: {exc.strerror or exc}") from None
+    except (ValueError, KvcsError) as exc:
+        raise UsageError(f"--keyring {args.keyring}: {exc}") from None
+
+
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from .kv.files import FileFormatError, load_descriptor, load_tokens
 
@@ -87,7 +108,12 @@ async def _connect(args: argparse.Namespace) -> Any:
                                       cafile=args.cafile, pin_sha256=args.pin,
                                       auth_tokens=tokens)
     except (ConnectionError, ValueError, OSError) as exc:
-        raise UsageError(f"cannot connect to {args.relay}: {exc}") from None
+        hint = ""
+        if "certificate" in str(exc) and not (args.cafile or args.pin or args.insecure):
+            hint = ("; the relay's certificate is not trusted here: pass --pin <its SHA-256 "
+                    "fingerprint, printed by `kvcs relay`> or --cafile <its certificate, e.g. "
+                    "certs/dev-cert.pem>")
+        raise UsageError(f"cannot connect to {args.relay}: {exc}{hint}") from None
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -103,6 +129,74 @@ def _progress(what: str, i: int, n: int, t0: float, nbytes: int | None = None) -
     print(f"  {what} layer {i + 1}/{n} ({time.perf_counter() - t0:.2f} s{rate})", flush=True)
 
 
+# ---------------------------------------------------------------------------- descriptor
+
+DESCRIPTOR_TEMPLATE = {
+    "kvsp": 1,
+    "model": "my-org/my-model",
+    "revision": "weights-revision-or-hash",
+    "tokenizer": "tokenizer-id-or-hash",
+    "layers": 32,
+    "kv_heads": 8,
+    "head_dim": 128,
+    "dtype": "bfloat16",
+    "block_tokens": 16,
+    "layout": "tnd",
+    "rope": "post",
+}
+"""What ``kvcs descriptor`` prints: every required member of the KVSP Compatibility
+Descriptor (docs/kvsp-profile.md) with an example value (a Llama-style 32-layer model)."""
+
+
+@command("descriptor")
+def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "descriptor", help="print a Compatibility Descriptor template, or check one",
+        description="Without options: print a valid KVSP Compatibility Descriptor template "
+                    "(JSON) to edit. The required members are kvsp (1), model, revision, "
+                    "tokenizer (strings), layers, kv_heads, head_dim, block_tokens "
+                    "(integers), dtype (float32, float16, bfloat16, float8_e4m3fn, "
+                    "float8_e5m2), layout (tnd) and rope (post, pre or none); optional "
+                    "v_head_dim and extra (an object). No floats: write them as strings. "
+                    "See docs/kvsp-profile.md.")
+    p.add_argument("--check", metavar="FILE", help="validate FILE and print its "
+                   "Compatibility ID")
+    p.add_argument("--out", metavar="FILE", help="write the template to FILE instead of "
+                   "printing it (never overwrites)")
+    p.set_defaults(func=run_descriptor)
+    return p
+
+
+def run_descriptor(args: argparse.Namespace) -> int:
+    """``kvcs descriptor``."""
+    from .kv.files import FileFormatError, load_descriptor
+
+    if args.check:
+        try:
+            desc = load_descriptor(args.check)
+        except FileFormatError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"{args.check}: valid; Compatibility ID {desc.compat_id.hex()}")
+        print(f"  {desc.layers} layers, {desc.kv_heads} KV heads x {desc.head_dim} dims, "
+              f"{desc.dtype_name}, {desc.block_tokens} tokens per block, model "
+              f"{desc.members['model']!r}")
+        return 0
+    text = json.dumps(DESCRIPTOR_TEMPLATE, indent=2) + "\n"
+    if args.out:
+        try:
+            with open(args.out, "x") as f:
+                f.write(text)
+        except FileExistsError:
+            raise UsageError(f"--out {args.out}: exists (not overwritten)") from None
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
+        print(f"wrote a descriptor template to {args.out}: edit model, revision, tokenizer "
+              "and the geometry to match your model", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 # ---------------------------------------------------------------------------- publish
 
 
@@ -113,11 +207,17 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
                                    "[layers, tokens, heads, dim] or 'k.N'/'v.N') as a KVCS "
                                    "publication, layer by layer.")
     _common(p)
-    p.add_argument("--kv", required=True, metavar="FILE", help=".npz or .safetensors")
+    p.add_argument("--kv", required=True, metavar="FILE",
+                   help=".npz or .safetensors with arrays 'k' and 'v' [layers, tokens, "
+                        "kv_heads, head_dim], or per-layer 'k.N' and 'v.N' [tokens, kv_heads, "
+                        "head_dim] as `kvcs fetch --out` writes them")
     p.add_argument("--joint-codec", choices=["q8", "zstd"],
                    help="also offer a kv.<codec> track")
     p.add_argument("--producer-key", metavar="PEM", help="sign manifests (manifest.cose)")
-    p.add_argument("--kid", default="producer", help="key id of --producer-key")
+    p.add_argument("--kid", default="producer",
+                   help="key ID of --producer-key, written into each signed manifest; "
+                        "consumers need the public key under the same ID in their --keyring "
+                        "(default: producer)")
     p.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
                    help="MAX_CACHE_DURATION of the tracks (default 3600)")
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
@@ -144,6 +244,13 @@ def run_publish(args: argparse.Namespace) -> int:
         ks, vs = load_kv(args.kv, desc)
     except FileFormatError as exc:
         raise UsageError(str(exc)) from None
+    covered = len(tokens) // desc.block_tokens * desc.block_tokens
+    short = min(int(k.shape[0]) for k in ks + vs)
+    if short < covered:
+        raise UsageError(f"--kv {args.kv} holds {short} tokens per layer, but --tokens "
+                         f"{args.tokens} has {len(tokens)} ({covered // desc.block_tokens} "
+                         f"complete blocks of {desc.block_tokens}): give the cache of these "
+                         "tokens, or the tokens it was computed from")
     if args.store:
         try:
             keys = store_cache(BlockStore(args.store), desc, scope, tokens, ks, vs)
@@ -204,10 +311,26 @@ def _parse_layers(text: str | None, total: int) -> range:
         a = int(a_s) if a_s else 0
         b = int(b_s) if b_s else total
     except ValueError:
-        raise UsageError(f"--layers {text!r}: use a:b (layers a..b-1)") from None
+        raise UsageError(f"--layers {text!r}: use A:B (layers A..B-1)") from None
+    if a >= b:
+        raise UsageError(f"--layers {text!r} selects no layer: use A:B with A < B "
+                         f"(layers A..B-1, within 0:{total})")
     if not 0 <= a < b <= total:
-        raise UsageError(f"--layers {text!r}: outside 0:{total}")
+        raise UsageError(f"--layers {text!r}: outside 0:{total} (the descriptor has "
+                         f"{total} layers)")
     return range(a, b)
+
+
+def _check_out(path: str) -> None:
+    """Refuse an ``--out`` that cannot be written before any transfer starts."""
+    out = Path(path)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--out {path}: directory {parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"--out {path}: is a directory")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {path}: directory {parent} is not writable")
 
 
 @command("fetch")
@@ -216,10 +339,13 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
                        description="Discover the publication of the longest reusable prefix "
                                    "of the tokens, verify every object and write the layers.")
     _common(p, relay=False)
-    p.add_argument("--out", required=True, metavar="FILE", help="output .npz or .safetensors")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="output .npz or .safetensors: per-layer arrays 'k.N' and 'v.N' "
+                        "[tokens, kv_heads, head_dim] (in .npz, bfloat16 and float8 as "
+                        "unsigned integers of the same width); `kvcs publish --kv` reads it")
     p.add_argument("--layers", metavar="A:B", help="layers A..B-1 (default: all)")
     p.add_argument("--blocks", type=int, metavar="N", help="only the first N blocks")
-    p.add_argument("--keyring", metavar="FILE", help="producer public keys (JSON/PEM/dir)")
+    p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.add_argument("--require-signed", action="store_true",
                    help="refuse publications without a valid manifest.cose")
     h = p.add_argument_group("KVSP HTTP fallback (needs --relay, --http or both)")
@@ -238,7 +364,6 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """``kvcs fetch``."""
-    from .kv.cose import Keyring
     from .kv.errors import KvcsError
     from .kv.files import FileFormatError, save_kv
     from .kvnet.consumer import KvConsumer, RecomputeRequired
@@ -247,14 +372,10 @@ def run_fetch(args: argparse.Namespace) -> int:
     desc, tokens = _load(args)
     scope = _scope(args)
     layers = _parse_layers(args.layers, desc.layers)
+    _check_out(args.out)
     if args.blocks is not None and args.blocks < 1:
         raise UsageError("--blocks must be at least 1")
-    keyring = None
-    if args.keyring:
-        try:
-            keyring = Keyring.load(args.keyring)
-        except (OSError, ValueError, KvcsError) as exc:
-            raise UsageError(f"keyring: {exc}") from None
+    keyring = _keyring(args)
     if args.require_signed and keyring is None:
         raise UsageError("--require-signed needs --keyring")
     if not args.relay and not args.http:
@@ -369,8 +490,6 @@ def _kvsp_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_kvsp_serve(args: argparse.Namespace) -> int:
     """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
-    from pathlib import Path
-
     from .auth import AuthError, Authorizer
     from .kv.store import BlockStore
     from .kvnet.kvsp_http import KvspServer
@@ -433,8 +552,7 @@ def _inspect_parser(sub: Any) -> argparse.ArgumentParser:
                        description="List KVCS publications under ('kvcs-1', ScopeID[, "
                                    "CompatID]) and print each manifest, verified.")
     _common(p, tokens=False)
-    p.add_argument("--keyring", metavar="FILE", help="producer public keys to verify "
-                   "manifest.cose")
+    p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.set_defaults(func=run_inspect)
     return p
 
@@ -442,7 +560,7 @@ def _inspect_parser(sub: Any) -> argparse.ArgumentParser:
 def run_inspect(args: argparse.Namespace) -> int:
     """``kvcs inspect``."""
     from .endpoint import MoqtRequestError
-    from .kv.cose import Keyring, verify_manifest
+    from .kv.cose import verify_manifest
     from .kv.errors import KvcsError
     from .kv.ids import KvcsNamespace, scope_id
     from .kv.manifest import Manifest, check_namespace
@@ -453,7 +571,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     desc = None
     if args.descriptor:
         desc, _ = _load(args)
-    keyring = Keyring.load(args.keyring) if args.keyring else None
+    keyring = _keyring(args)
     sid = scope_id(scope)
     hexf = args.hex_namespace
     fields = [sid] + ([desc.compat_id] if desc else [])

@@ -64,7 +64,12 @@ def _check_json_value(value: Any, path: str) -> None:
             raise DescriptorError(f"{path}: integer {value} exceeds 2^53-1 (not canonical in JCS)")
         return
     if isinstance(value, float):
-        raise DescriptorError(f"{path}: floats are not allowed; write {value!r} as a string")
+        top, _, member = path.partition(".")
+        if top == "descriptor" and (_REQUIRED.get(member) is int or member == "v_head_dim"):
+            raise DescriptorError(f"{path} must be an integer (floats are not allowed), got "
+                                  f"{value!r}")
+        raise DescriptorError(f"{path}: floats are not allowed in a descriptor; write "
+                              f"{value!r} as the string {str(value)!r}")
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _check_json_value(item, f"{path}[{i}]")
@@ -92,9 +97,13 @@ def _validate(d: Any) -> dict[str, Any]:
     if not isinstance(d, Mapping):
         raise DescriptorError(f"descriptor must be a JSON object, got {type(d).__name__}")
     _check_json_value(d, "descriptor")
+    missing = [name for name in _REQUIRED if name not in d]
+    if missing:
+        raise DescriptorError(
+            f"descriptor is missing required member{'s' * (len(missing) > 1)} "
+            f"{', '.join(map(repr, missing))} (the "
+            f"required members are {', '.join(_REQUIRED)}; `kvcs descriptor` prints a template)")
     for name, typ in _REQUIRED.items():
-        if name not in d:
-            raise DescriptorError(f"descriptor is missing required member {name!r}")
         v = d[name]
         if typ is int:
             if isinstance(v, bool) or not isinstance(v, int):

@@ -266,6 +266,10 @@ class KvspClient:
                 if resp.status != 200:
                     return resp.status, b""
                 return 200, await self._read(resp, limit)
+        except aiohttp.ServerFingerprintMismatch as exc:
+            got, want = (":".join(f"{b:02X}" for b in x) for x in (exc.got, exc.expected))
+            raise KvspError(f"{method} {url}: certificate pin mismatch: the holder's "
+                            f"certificate is {got}, the pin is {want}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise KvspError(f"{method} {url}: {exc or type(exc).__name__}") from None
 

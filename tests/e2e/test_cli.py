@@ -175,6 +175,10 @@ async def test_kvsp_serve_and_fetch_over_http(net: LocalNet, tmp_path: Path) -> 
         rc, out, err = await _run("fetch", *ident, "--http", url, "--http-token", "wrong",
                                   "--http-pin", pin, "--out", str(out_path))
         assert rc == 3 and "incomplete" in err and "403" in err
+        rc, out, err = await _run("fetch", *ident, *http, "--http-pin", "AB" * 32, "--out",
+                                  str(out_path))  # a wrong pin names both fingerprints
+        assert rc == 3 and "certificate pin mismatch" in err and net.cert.sha256 in err
+        assert "\\x" not in err
         rc, _, err = await _run("fetch", *ident, "--http", "http://127.0.0.1:1", "--out", "x")
         assert rc == 2 and "https://" in err and err.count("\n") == 1
         rc, _, err = await _run("fetch", *ident, "--out", "x")
@@ -183,3 +187,56 @@ async def test_kvsp_serve_and_fetch_over_http(net: LocalNet, tmp_path: Path) -> 
         server.send_signal(signal.SIGTERM)
         rest, _ = await asyncio.wait_for(server.communicate(), 30)
     assert server.returncode == 0 and b"shutting down" in rest
+
+
+async def test_misleading_messages_fixed(net: LocalNet, tmp_path: Path) -> None:
+    """Each bad input a new user met gets one line naming the fix, and a non-zero status,
+    before anything is announced or transferred."""
+    relay = await net.relay()
+    f = _files(tmp_path)
+    url = f"moqt://127.0.0.1:{relay.port}/"
+    ident = ["--descriptor", f["desc"], "--scope-key", f["scope"], "--tokens", f["tokens"]]
+    # no --pin / --cafile: the TLS error says how to trust the relay
+    rc, _, err = await _run("fetch", "--relay", url, *ident, "--out", str(tmp_path / "a.npz"))
+    assert rc == 2 and err.count("\n") == 1 and "--pin" in err and "--cafile" in err
+    trusted = ["--relay", url, "--cafile", str(net.cert.certfile), "--loopback"]
+    # an empty layer range is called empty, not "outside"
+    rc, _, err = await _run("fetch", *trusted, *ident, "--out", "x.npz", "--layers", "2:2")
+    assert rc == 2 and err.count("\n") == 1 and "selects no layer" in err
+    # an --out that cannot be written is refused before the transfer
+    rc, out, err = await _run("fetch", *trusted, *ident, "--out",
+                              str(tmp_path / "no-such-dir" / "got.npz"))
+    assert rc == 2 and err.count("\n") == 1 and "does not exist" in err and not out
+    # a cache shorter than the prompt is refused before it is announced
+    np.save(tmp_path / "long.npy", np.concatenate([PROMPT, PROMPT]))
+    rc, out, err = await _run("publish", *trusted, "--descriptor", f["desc"], "--scope-key",
+                              f["scope"], "--tokens", str(tmp_path / "long.npy"), "--kv",
+                              f["kv"], "--linger", "0")
+    assert rc == 2 and err.count("\n") == 1 and "tokens per layer" in err
+    assert "publication" not in out
+    # a bad keyring file is one line
+    (tmp_path / "ring.json").write_text("{}")
+    rc, _, err = await _run("fetch", *trusted, *ident, "--out", "x.npz", "--keyring",
+                            str(tmp_path / "ring.json"))
+    assert rc == 2 and err.count("\n") == 1 and "--keyring" in err
+    # a float where the descriptor wants an integer gets the integer hint only
+    bad = {**DESC.to_dict(), "layers": 6.0}
+    (tmp_path / "float.json").write_text(json.dumps(bad))
+    rc, _, err = await _run("descriptor", "--check", str(tmp_path / "float.json"))
+    assert rc == 2 and err.count("\n") == 1 and "must be an integer" in err
+    assert "as a string" not in err
+
+
+async def test_descriptor_template_and_version(tmp_path: Path) -> None:
+    rc, out, _ = await _run("--version")
+    assert rc == 0 and out.startswith("kvcs ")
+    path = tmp_path / "model.json"
+    rc, _, err = await _run("descriptor", "--out", str(path))
+    assert rc == 0 and path.exists()
+    rc, out, err = await _run("descriptor", "--check", str(path))
+    assert rc == 0 and "valid; Compatibility ID" in out, err
+    rc, _, err = await _run("descriptor", "--out", str(path))
+    assert rc == 2 and "not overwritten" in err
+    (tmp_path / "partial.json").write_text('{"kvsp": 1, "model": "m"}')
+    rc, _, err = await _run("descriptor", "--check", str(tmp_path / "partial.json"))
+    assert rc == 2 and err.count("\n") == 1 and "'revision', 'tokenizer'" in err
