@@ -198,7 +198,7 @@ def run_relay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    from . import cli_kv  # noqa: F401  (registers publish, fetch, inspect)
+    from . import cli_keys, cli_kv  # noqa: F401  (register keygen; publish, fetch, inspect)
 
     parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
