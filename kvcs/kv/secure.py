@@ -385,7 +385,9 @@ def frame_plaintext(payload: Buffer | Sequence[Buffer]) -> bytes:
     """``varint(len(payload)) || payload``; a sequence of pieces (e.g. the header and data
     from :func:`~kvcs.kv.payload.build_payload`) is joined in the same single copy.
     kvcs sends no Encrypted Properties List and no padding."""
-    pieces = (payload,) if isinstance(payload, bytes | bytearray | memoryview) else payload
+    if isinstance(payload, bytes | bytearray):
+        return b"".join((encode_vi64(len(payload)), payload))
+    pieces = (payload,) if isinstance(payload, memoryview) else payload
     size = sum(memoryview(p).nbytes for p in pieces)
     return b"".join((encode_vi64(size), *pieces))
 
