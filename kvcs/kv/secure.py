@@ -280,7 +280,9 @@ class CtrHmacAead:
 
     def _ctr(self, nonce: bytes, data: Buffer) -> bytes:
         ctx = Cipher(self._enc_key, modes.CTR(nonce + bytes(4))).encryptor()
-        return ctx.update(data) + ctx.finalize()
+        out = ctx.update(data)
+        ctx.finalize()  # CTR has no final block: returns b""
+        return out
 
     def _tag(self, nonce: bytes, aad: bytes, ct: Buffer) -> bytes:
         mac = self._auth.copy()
