@@ -198,7 +198,7 @@ def run_relay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    from . import __version__, cli_kv  # noqa: F401  (cli_kv registers publish, fetch, ...)
+    from . import __version__, cli_keys, cli_kv  # noqa: F401  (they register their commands)
 
     parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
     parser.add_argument("--version", action="version", version=f"kvcs {__version__}")

@@ -273,10 +273,15 @@ class ScopeKey:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ScopeKey:
-        """Read a key file holding either 32 raw octets or 64 hex characters."""
+        """Read a key file holding either 32 raw octets or 64 hex characters, or the scope
+        key of a JSON scope file (``kvcs keygen``)."""
         data = Path(path).read_bytes()
         if len(data) == 32:
             return cls(data)
+        if data.lstrip().startswith(b"{"):
+            from .scopefile import parse_scope_file  # the scope file format lives there
+
+            return parse_scope_file(data, str(path)).scope_key
         try:
             text = data.decode("ascii")
         except UnicodeDecodeError:
