@@ -9,7 +9,8 @@
  *   decode row:  x = (float)q * (float)scale16, clamped to the output type's largest finite
  *                value (float16, bfloat16), rounded to the output type (RNE).
  *
- * Element kinds: 0 float32, 1 float16, 2 bfloat16 (little-endian, C-contiguous).
+ * Element kinds: 0 float32, 1 float16, 2 bfloat16 (little-endian, C-contiguous, aligned
+ * to the element size: the caller copies or falls back otherwise).
  * With GCC on x86-64 Linux each block function is compiled three times (x86-64-v4, v3 and
  * baseline) and the loader picks the best the CPU supports; the bit tricks below need no
  * particular instruction set, and float16 output uses F16C where the CPU has it. Elsewhere
@@ -165,12 +166,15 @@ static Py_ssize_t decode_row_f16c(const int8_t *q, float s, uint16_t *o, Py_ssiz
 static int have_f16c;
 #endif
 
-/* The caller has checked that q holds no -128. */
-KERNEL static void decode_block(const uint16_t *restrict scales, const int8_t *restrict q,
+/* The caller has checked that q holds no -128. The section may sit at any address (e.g. a
+ * slice of a received payload), so the scales are read with memcpy. */
+KERNEL static void decode_block(const char *restrict scales, const int8_t *restrict q,
                                 int kind, Py_ssize_t rows, Py_ssize_t dim, void *restrict out) {
     for (Py_ssize_t r = 0; r < rows; r++) {
         const int8_t *qr = q + r * dim;
-        float s = f16_to_f32(scales[r]);
+        uint16_t s16;
+        memcpy(&s16, scales + 2 * r, 2);
+        float s = f16_to_f32(s16);
         if (kind == KIND_F32) {
             float *o = (float *)out + r * dim;
             for (Py_ssize_t j = 0; j < dim; j++) o[j] = (float)qr[j] * s;
@@ -302,8 +306,8 @@ static PyObject *q8_decode(PyObject *self, PyObject *args) {
             bad = b;
             break;
         }
-        decode_block((const uint16_t *)data, (const int8_t *)(data + rows * 2), kind, rows,
-                     dim, (char *)out.buf + b * out_block);
+        decode_block(data, (const int8_t *)(data + rows * 2), kind, rows, dim,
+                     (char *)out.buf + b * out_block);
     }
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(bad);

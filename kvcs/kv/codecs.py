@@ -212,6 +212,8 @@ def _q8_encode_blocks(layer: np.ndarray, blocks: int) -> list[bytes]:
     if kernel is None or layer.size == 0:  # no compiled kernels, float8, or an empty array
         n = t // blocks if blocks else 0
         return [_q8_encode_reference(layer[i * n : (i + 1) * n]) for i in range(blocks)]
+    if not layer.flags.aligned:  # e.g. a view at an odd offset of a buffer
+        layer = layer.copy()
     kind, view = kernel
     result = _q8_kernels.encode(layer.view(view), kind, blocks, t // blocks * h, d)
     if isinstance(result, int):
@@ -224,7 +226,8 @@ def _q8_decode_blocks(sections: Sequence[Buffer], out: np.ndarray) -> None:
     t, h, d = out.shape
     n = t // len(sections)
     kernel = _Q8_KINDS.get(out.dtype) if _q8_kernels is not None else None
-    if kernel is None or not out.flags.c_contiguous:  # float8, or a strided view
+    # float8, or a strided or unaligned view: decode each block, then copy it into place
+    if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         dt = _check_block(out)
         for i, data in enumerate(sections):
             out[i * n : (i + 1) * n] = _q8_decode_reference(data, dt, (n, h, d))

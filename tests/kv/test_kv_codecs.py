@@ -424,6 +424,21 @@ def test_q8_layer_roundtrip_and_batched_errors(q8_impl):
         decode_sections_into("q8", [sections[0], bytes(minus)], out[:32])
 
 
+def test_q8_unaligned_buffers():
+    """Arrays and sections at odd addresses (views into received payloads) decode the same."""
+    block = rand_block("float16", shape=(16, 8, 128), seed=7)
+    data = encode_section("q8", block)
+    odd = np.frombuffer(b"\x00" + block.tobytes(), dtype=np.float16, offset=1).reshape(16, 8, 128)
+    assert not odd.flags.aligned and encode_section("q8", odd) == data
+    payload = memoryview(b"\x00" + data)[1:]
+    want = decode_section("q8", data, "float16", (16, 8, 128))
+    assert decode_section("q8", payload, "float16", (16, 8, 128)).tobytes() == want.tobytes()
+    raw = bytearray(1 + block.nbytes)
+    out = np.frombuffer(raw, dtype=np.float16, offset=1).reshape(16, 8, 128)
+    decode_section_into("q8", payload, out)
+    assert not out.flags.aligned and out.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("codec", ["raw", "q8", "zstd"])
 def test_batched_entry_points(codec):
     layer = rand_block("bfloat16", shape=(12, 3, 16), seed=6)
