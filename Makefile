@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test lint bench clean
 
-$(STAMP): pyproject.toml
+# setup.py builds the compiled q8 kernels: a change to them reinstalls too.
+$(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,zstd]'
@@ -36,4 +37,4 @@ bench: $(STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis bench-results.json
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis bench-results.json build kvcs/kv/*.so

@@ -55,6 +55,9 @@ def main(argv: list[str]) -> int:
         out.update({k: suites_out["e2e"][k] for k in (
             "raw_ceiling_mib_s", "e2e_goodput_ratio", "direct_goodput_ratio", "ttfl_fraction",
             "consumer_mem_ratio", "layers")})
+    if "kv" in suites_out:  # the q8 codec's headline figures (issue #18)
+        out.update({k: suites_out["kv"][k] for k in ("q8_encode_mib_s", "q8_decode_mib_s")
+                    if k in suites_out["kv"]})
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
     return 0

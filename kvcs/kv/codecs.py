@@ -2,12 +2,18 @@
 
 A *section* is the encoding of one block, one layer, one of K or V: an array of shape
 ``(B, H, D)`` (tokens, heads, dim; layout ``tnd``). See profile section 5.
+
+``encode_sections`` and ``decode_sections_into`` do a whole layer's blocks in one call.
+``q8`` runs in compiled kernels (``kvcs/kv/_q8.c``, built by ``make install`` where a C
+compiler is present) for float32, float16 and bfloat16, and otherwise in numpy
+(``_q8_encode_reference``, ``_q8_decode_reference``): the same bytes and values either way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -15,6 +21,11 @@ import numpy as np
 
 from .dtypes import DTYPE_NAMES, dtype_for, dtype_name
 from .errors import CodecError, UnsupportedCodecError
+
+try:  # optional: setup.py builds it when a C compiler is present
+    from . import _q8 as _q8_kernels
+except ImportError:  # pragma: no cover - depends on the build
+    _q8_kernels = None  # type: ignore[assignment]
 
 __all__ = [
     "CODECS",
@@ -24,9 +35,13 @@ __all__ = [
     "codec_value",
     "decode_kv",
     "decode_section",
+    "decode_section_into",
+    "decode_sections_into",
     "encode_kv",
     "encode_section",
+    "encode_sections",
     "layer_digest",
+    "q8_compiled",
     "raw_section",
     "zstd_available",
 ]
@@ -105,10 +120,15 @@ def raw_section(block: np.ndarray) -> memoryview:
     Zero-copy (a memoryview of the array's buffer) when ``block`` is C-contiguous and
     little-endian; otherwise a contiguous little-endian copy is made first.
     """
-    dt = _check_block(block)
+    block = _c_order(block, _check_block(block))
+    return block.reshape(-1).view(np.uint8).data
+
+
+def _c_order(block: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``block`` as a C-contiguous little-endian array (itself when it already is one)."""
     if block.dtype != dt or not block.flags.c_contiguous:
         block = np.ascontiguousarray(block, dtype=dt)
-    return block.reshape(-1).view(np.uint8).data
+    return block
 
 
 def _shuffle(raw: memoryview, itemsize: int) -> bytes:
@@ -125,33 +145,57 @@ def _unshuffle(data: bytes, itemsize: int) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(itemsize, -1).T)
 
 
-def _q8_encode(block: np.ndarray) -> bytes:
+_Q8_NONFINITE = "q8 cannot encode NaN or infinite values"
+_Q8_SCALE_RANGE = (
+    "q8 cannot encode this block: max|x|/127 exceeds the float16 scale range (65504)"
+)
+#: Element kinds of the compiled kernels (kvcs/kv/_q8.c) and the integer view they read.
+_Q8_KINDS: dict[np.dtype, tuple[int, type[np.unsignedinteger]]] = {
+    np.dtype("<f4"): (0, np.uint32),
+    np.dtype("<f2"): (1, np.uint16),
+    np.dtype(ml_dtypes.bfloat16): (2, np.uint16),
+}
+#: Status codes of ``_q8.encode`` -> the ValueError raised.
+_Q8_ENCODE_ERRORS = {1: _Q8_NONFINITE, 2: _Q8_SCALE_RANGE}
+_Q8_MINUS_128 = "q8 value -128 is outside -127..127"
+
+
+def _q8_size_error(size: int, expected: int) -> CodecError:
+    return CodecError(f"q8 section is {size} octets, expected {expected}")
+
+
+def q8_compiled() -> bool:
+    """True if the compiled q8 kernels are installed (else q8 runs in numpy, ~10x slower)."""
+    return _q8_kernels is not None
+
+
+def _q8_encode_reference(block: np.ndarray) -> bytes:
+    """numpy q8 encoder: the definition the compiled kernels match bit for bit."""
     x = np.asarray(block, dtype=np.float32)
     if not np.isfinite(x).all():
-        raise ValueError("q8 cannot encode NaN or infinite values")
+        raise ValueError(_Q8_NONFINITE)
     amax = np.max(np.abs(x), axis=-1)
     scale = amax / np.float32(127.0)
     with np.errstate(over="ignore"):
         scale16 = scale.astype("<f2")
     if np.isinf(scale16).any():
-        raise ValueError(
-            "q8 cannot encode this block: max|x|/127 exceeds the float16 scale range (65504)"
-        )
+        raise ValueError(_Q8_SCALE_RANGE)
     safe = np.where(scale == 0, np.float32(1.0), scale)[..., None]
     q = np.clip(np.rint(x / safe), -127, 127).astype(np.int8)
     return scale16.tobytes() + q.tobytes()
 
 
-def _q8_decode(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.ndarray:
+def _q8_decode_reference(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.ndarray:
+    """numpy q8 decoder: the definition the compiled kernels match bit for bit."""
     b, h, d = shape
     n_scales = b * h
     expected = 2 * n_scales + b * h * d
     if len(data) != expected:
-        raise CodecError(f"q8 section is {len(data)} octets, expected {expected}")
+        raise _q8_size_error(len(data), expected)
     scales = np.frombuffer(data, dtype="<f2", count=n_scales).astype(np.float32)
     q = np.frombuffer(data, dtype=np.int8, offset=2 * n_scales)
     if (q == -128).any():
-        raise CodecError("q8 value -128 is outside -127..127")
+        raise CodecError(_Q8_MINUS_128)
     out = q.reshape(b, h, d).astype(np.float32) * scales.reshape(b, h, 1)
     if dt.itemsize < 4:
         # The float16 scale can round up so that 127*scale exceeds the dtype's range (e.g.
@@ -159,6 +203,40 @@ def _q8_decode(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.nd
         limit = np.float32(ml_dtypes.finfo(dt).max)
         np.clip(out, -limit, limit, out=out)
     return out.astype(dt)
+
+
+def _q8_encode_blocks(layer: np.ndarray, blocks: int) -> list[bytes]:
+    """q8 sections of ``blocks`` equal blocks of a C-contiguous little-endian layer."""
+    kernel = _Q8_KINDS.get(layer.dtype) if _q8_kernels is not None else None
+    t, h, d = layer.shape
+    if kernel is None or layer.size == 0:  # no compiled kernels, float8, or an empty array
+        n = t // blocks if blocks else 0
+        return [_q8_encode_reference(layer[i * n : (i + 1) * n]) for i in range(blocks)]
+    if not layer.flags.aligned:  # e.g. a view at an odd offset of a buffer
+        layer = layer.copy()
+    kind, view = kernel
+    result = _q8_kernels.encode(layer.view(view), kind, blocks, t // blocks * h, d)
+    if isinstance(result, int):
+        raise ValueError(_Q8_ENCODE_ERRORS[result])
+    return result
+
+
+def _q8_decode_blocks(sections: Sequence[Buffer], out: np.ndarray) -> None:
+    """Decode q8 ``sections`` into equal consecutive blocks of ``out`` (t, h, d)."""
+    t, h, d = out.shape
+    n = t // len(sections)
+    kernel = _Q8_KINDS.get(out.dtype) if _q8_kernels is not None else None
+    # float8, or a strided or unaligned view: decode each block, then copy it into place
+    if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
+        dt = _check_block(out)
+        for i, data in enumerate(sections):
+            out[i * n : (i + 1) * n] = _q8_decode_reference(data, dt, (n, h, d))
+        return
+    kind, view = kernel
+    bad = _q8_kernels.decode(sections, kind, n * h, d, out.view(view))
+    if bad >= 0:  # the first section refused: a wrong size or a -128
+        size, expected = len(sections[bad]), n * h * (2 + d)
+        raise _q8_size_error(size, expected) if size != expected else CodecError(_Q8_MINUS_128)
 
 
 def _zstd_decompress(data: Buffer, expected: int) -> bytes:
@@ -194,7 +272,7 @@ def encode_section(codec: str | int, block: np.ndarray) -> bytes | memoryview:
         return raw_section(block)
     dt = _check_block(block)
     if value == 2:
-        return _q8_encode(block)
+        return _q8_encode_blocks(_c_order(block, dt), 1)[0]
     zstandard = _zstd()
     raw = raw_section(block)
     shuffled = _shuffle(raw, dt.itemsize)
@@ -223,9 +301,64 @@ def decode_section(
             raise CodecError(f"raw section is {len(data)} octets, expected {raw_len}")
         return np.frombuffer(data, dtype=dt).reshape(b, h, d)
     if value == 2:
-        return _q8_decode(data, dt, (b, h, d))
+        out = np.empty((b, h, d), dtype=dt)
+        _q8_decode_blocks((data,), out)
+        return out
     raw = _zstd_decompress(data, raw_len)
     return _unshuffle(raw, dt.itemsize).view(dt).reshape(b, h, d)
+
+
+def encode_sections(
+    codec: str | int, layer: np.ndarray, block_tokens: int
+) -> list[bytes | memoryview]:
+    """Encode a layer's blocks in one call: ``layer`` is ``(n * block_tokens, H, D)``.
+
+    Returns the n sections ``encode_section(codec, layer[i*B:(i+1)*B])`` would give, with the
+    same errors (the first block that cannot be encoded raises). ``raw`` sections are
+    zero-copy views; ``q8`` encodes every block in one compiled pass, which saves the fixed
+    cost of a call per block.
+    """
+    value = codec_value(codec)
+    dt = _check_block(layer)
+    t = layer.shape[0]
+    if block_tokens < 1 or t % block_tokens:
+        raise ValueError(f"a layer of {t} tokens is not made of blocks of {block_tokens}")
+    n = t // block_tokens
+    layer = _c_order(layer, dt)
+    if value == 2:
+        return [*_q8_encode_blocks(layer, n)]
+    b = block_tokens
+    return [encode_section(value, layer[i * b : (i + 1) * b]) for i in range(n)]
+
+
+def decode_sections_into(codec: str | int, sections: Sequence[Buffer], out: np.ndarray) -> None:
+    """Decode a layer's blocks into the preallocated array ``out`` in one call.
+
+    ``out`` is ``(n * B, H, D)`` in the descriptor dtype, for n = ``len(sections)``: section
+    i is decoded into ``out[i*B:(i+1)*B]``, as ``decode_section`` would decode it. Raises
+    as ``decode_section`` does for the first section refused (the blocks before it are
+    written). ``q8`` decodes straight into ``out`` in one compiled pass when ``out`` is
+    C-contiguous, e.g. a range of whole tokens of a C-contiguous ``(T, H, D)`` buffer.
+    """
+    value = codec_value(codec)
+    dt = _check_block(out)
+    t, h, d = out.shape
+    n = len(sections)
+    if min(t, h, d) < 1 or n < 1 or t % n:
+        raise ValueError(f"cannot decode {n} sections into an array of shape {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("the output array is read-only")
+    if value == 2:
+        _q8_decode_blocks(sections, out)
+        return
+    b = t // n
+    for i, data in enumerate(sections):
+        out[i * b : (i + 1) * b] = decode_section(value, data, dt, (b, h, d))
+
+
+def decode_section_into(codec: str | int, data: Buffer, out: np.ndarray) -> None:
+    """Decode one section into the preallocated ``(B, H, D)`` array ``out`` (see above)."""
+    decode_sections_into(codec, (data,), out)
 
 
 def encode_kv(codec: str | int, k_block: np.ndarray, v_block: np.ndarray) -> bytes:

@@ -4,28 +4,44 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kvcs.kv import codecs
 from kvcs.kv.codecs import (
     CODECS,
     codec_name,
     codec_value,
     decode_kv,
     decode_section,
+    decode_section_into,
+    decode_sections_into,
     encode_kv,
     encode_section,
+    encode_sections,
     layer_digest,
+    q8_compiled,
     raw_section,
 )
 from kvcs.kv.dtypes import DTYPE_NAMES, dtype_for, dtype_name
 from kvcs.kv.errors import CodecError, DescriptorError, UnsupportedCodecError
 
 SHAPE = (4, 3, 16)
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def q8_impl(request, monkeypatch):
+    """Run a q8 test on the compiled kernels and again on the numpy fallback."""
+    if request.param == "numpy":
+        monkeypatch.setattr(codecs, "_q8_kernels", None)
+    else:
+        assert q8_compiled(), "kvcs.kv._q8 is not built: run make install (needs a C compiler)"
+    return request.param
 
 
 def rand_block(name, shape=SHAPE, seed=0, scale=4.0):
@@ -97,7 +113,7 @@ def q8_bound(block):
 
 @pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_q8_roundtrip_error_bound(name, seed):
+def test_q8_roundtrip_error_bound(name, seed, q8_impl):
     block = rand_block(name, shape=(16, 8, 128), seed=seed)
     data = encode_section("q8", block)
     assert len(data) == 16 * 8 * 2 + 16 * 8 * 128
@@ -119,7 +135,7 @@ def test_q8_property_float32(seed, magnitude):
     assert (np.abs(out - x) <= bound).all()
 
 
-def test_q8_layout_and_zero_rows():
+def test_q8_layout_and_zero_rows(q8_impl):
     block = np.zeros((2, 2, 4), dtype=np.float32)
     block[0, 1] = [127.0, -63.5, 0.0, 1.0]
     data = encode_section("q8", block)
@@ -133,7 +149,7 @@ def test_q8_layout_and_zero_rows():
     assert list(out[0, 1]) == [127.0, -64.0, 0.0, 1.0]
 
 
-def test_q8_large_values():
+def test_q8_large_values(q8_impl):
     f16 = np.full((1, 2, 4), 6e4, dtype=np.float16)
     f16[0, 1] = -65504
     out = decode_section("q8", encode_section("q8", f16), "float16", (1, 2, 4))
@@ -152,7 +168,16 @@ def test_q8_large_values():
         encode_section("q8", np.full((1, 1, 2), np.nan, dtype=np.float32))
 
 
-def test_q8_rejects_bad_data():
+def test_q8_clamps_quotients_of_subnormal_scales(q8_impl):
+    # 190 * 2^-149 / 127 rounds to the float32 subnormal 2^-149: 190/1 is clamped to 127
+    tiny = 2.0**-149
+    block = np.array([[[190 * tiny, -190 * tiny, 64 * tiny, 0.0]]], dtype=np.float32)
+    data = encode_section("q8", block)
+    assert data == bytes(2) + np.int8([127, -127, 64, 0]).tobytes()  # float16 scale 0
+    assert not decode_section("q8", data, "float32", (1, 1, 4)).any()
+
+
+def test_q8_rejects_bad_data(q8_impl):
     with pytest.raises(CodecError):
         decode_section("q8", b"\x00" * 10, "float32", (1, 1, 4))
     bad = b"\x00\x3c" + bytes([0x80, 0, 0, 0])
@@ -216,7 +241,7 @@ def test_layer_digest():
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
-def test_q8_decode_saturates_to_dtype_range(name):
+def test_q8_decode_saturates_to_dtype_range(name, q8_impl):
     dt = dtype_for(name)
     top = float(ml_dtypes.finfo(dt).max)
     block = np.array([[[top, -top, 0.0, top / 3]]], dtype=np.float32).astype(dt)
@@ -227,3 +252,228 @@ def test_q8_decode_saturates_to_dtype_range(name):
         return
     out = decode_section("q8", encode_section("q8", block), name, (1, 1, 4))
     assert np.isfinite(out.astype(np.float32)).all()
+
+
+# --- q8: compiled kernels and batched entry points against the numpy reference -----------
+
+Q8_LIMIT = 127 * 65504  # the largest max|row| whose scale fits float16 (65520*127 overflows)
+#: float16 scales worth meeting in a decode: zeros, inf, NaNs, the largest, subnormals, 1.0
+SPECIAL_SCALES = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0x7E00, 0xFE00, 0x7BFF, 0xFBFF,
+                  0x0001, 0x8001, 0x03FF, 0x3C00]
+
+
+def outcome(fn, *args):
+    """``fn(*args)``, or the type and message of the ValueError it raised."""
+    with np.errstate(all="ignore"):
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            return type(exc), str(exc)
+
+
+def reference_sections(layer, block_tokens):
+    """What encoding each block with the numpy reference gives (or its first error)."""
+    out = []
+    for i in range(layer.shape[0] // block_tokens):
+        one = outcome(codecs._q8_encode_reference, layer[i * block_tokens:][:block_tokens])
+        if isinstance(one, tuple):
+            return one
+        out.append(one)
+    return out
+
+
+@st.composite
+def q8_layers(draw):
+    """A layer (blocks * B, H, D) and B. Values: typical, any bit pattern (NaN, inf),
+    subnormal (float32 scales of a few bits, so max|x|/scale can exceed 127), rows of zeros
+    and signed zeros, rows at the float16 scale limit (or the dtype's max), or quotients
+    at a rounding tie or next to one."""
+    name = draw(st.sampled_from(["float16", "bfloat16", "float32", "float8_e4m3fn"]))
+    dt = dtype_for(name)
+    blocks, b = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    shape = (blocks * b, draw(st.integers(1, 3)), draw(st.integers(1, 40)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["typical", "bits", "subnormal", "zero_rows", "near_limit",
+                                 "ties"]))
+    if kind == "bits":
+        raw = rng.integers(0, 256, int(np.prod(shape)) * dt.itemsize, dtype=np.uint8)
+        return raw.view(dt).reshape(shape), b
+    if kind == "subnormal":  # float32: scales of a few bits, quotients beyond 127
+        tiny = float(ml_dtypes.finfo(dt).smallest_subnormal)
+        k = rng.integers(-(2 ** draw(st.integers(1, 12))), 2**12, shape)
+        return (k * tiny).astype(dt), b
+    top = min(Q8_LIMIT, float(ml_dtypes.finfo(dt).max))  # float16, float8: the dtype's max
+    low = {"float32": -140, "bfloat16": -130, "float16": -24}.get(name, -8)  # subnormals
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0 ** draw(st.integers(low, int(np.log2(top)) - 2)))
+    if kind == "zero_rows":
+        x[rng.random(shape[:2]) < 0.5] = 0.0
+        x[rng.random(shape) < 0.1] = -0.0
+    elif kind == "near_limit":
+        peak = np.abs(x).max(axis=-1, keepdims=True)
+        x = x / np.where(peak == 0, 1, peak) * np.float32(top * draw(st.floats(0.999, 1.001)))
+    elif kind == "ties":  # x / scale at k + 1/2 or next to it: where a wrong rounding shows
+        with np.errstate(all="ignore"):
+            peak = np.abs(x).max(axis=-1, keepdims=True).astype(dt).astype(np.float32)
+        k = rng.integers(-127, 127, shape).astype(np.float32)
+        x = (k + np.float32(0.5)) * (peak / np.float32(127))
+        x = np.nextafter(x, rng.choice(np.float32([-np.inf, 0, np.inf]), shape))
+        x[..., :1] = peak  # the row's maximum, hence its scale
+    with np.errstate(all="ignore"):
+        return x.astype(dt), b
+
+
+@settings(max_examples=300, deadline=None)
+@given(q8_layers())
+def test_q8_encode_matches_reference(case):
+    layer, b = case
+    expected = reference_sections(layer, b)
+    event(f"{layer.dtype}: {'refused' if isinstance(expected, tuple) else 'encoded'}")
+    assert outcome(encode_sections, "q8", layer, b) == expected
+    if not isinstance(expected, tuple):
+        assert outcome(encode_section, "q8", layer[:b]) == expected[0]
+
+
+@st.composite
+def q8_section_lists(draw):
+    """Sections of (B, H, D) blocks with any scale bits and q in -127..127; maybe one bad."""
+    name = draw(st.sampled_from(list(DTYPE_NAMES)))
+    blocks, b, h, d = (draw(st.integers(1, n)) for n in (3, 4, 3, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    sections = []
+    for _ in range(blocks):
+        if draw(st.booleans()):
+            scales = rng.integers(0, 2**16, b * h).astype(np.uint16)
+        else:  # typical magnitudes, with a special value
+            scales = np.abs(rng.standard_normal(b * h)).astype(np.float16).view(np.uint16)
+            scales[rng.integers(b * h)] = draw(st.sampled_from(SPECIAL_SCALES))
+        q = rng.integers(-127, 128, b * h * d).astype(np.int8)
+        sections.append(scales.tobytes() + q.tobytes())
+    bad, where = draw(st.sampled_from([None, "-128", "short", "long"])), draw(st.integers(0, 2))
+    if bad is not None and where < blocks:
+        data = bytearray(sections[where])
+        if bad == "-128":
+            data[2 * b * h + int(rng.integers(b * h * d))] = 0x80
+        elif bad == "short":
+            del data[-1]
+        else:
+            data.append(0)
+        sections[where] = bytes(data)
+    return name, (b, h, d), sections
+
+
+@settings(max_examples=300, deadline=None)
+@given(q8_section_lists())
+def test_q8_decode_matches_reference(case):
+    name, (b, h, d), sections = case
+    dt = dtype_for(name)
+    expected, error = [], None
+    for data in sections:
+        one = outcome(codecs._q8_decode_reference, data, dt, (b, h, d))
+        if isinstance(one, tuple):
+            error = one
+            break
+        expected.append(one.tobytes())
+    event(f"{name}: {'refused' if error else 'decoded'}")
+    out = np.zeros((len(sections) * b, h, d), dtype=dt)
+    got = outcome(decode_sections_into, "q8", sections, out)
+    assert got == error  # None, or the same error for the first bad section
+    assert out[: len(expected) * b].tobytes() == b"".join(expected)  # the blocks before it
+    for data, want in zip(sections, expected, strict=False):
+        assert outcome(decode_section, "q8", data, name, (b, h, d)).tobytes() == want
+
+
+def test_q8_layer_roundtrip_and_batched_errors(q8_impl):
+    b, layer = 16, rand_block("float16", shape=(64, 8, 128), seed=5)
+    sections = encode_sections("q8", layer, b)
+    assert sections == [encode_section("q8", layer[i:i + b]) for i in range(0, 64, b)]
+    # decode into whole tokens of a bigger buffer, as a consumer fills its layer
+    buf = np.zeros((80, 8, 128), dtype=np.float16)
+    decode_sections_into("q8", sections, buf[16:])
+    assert not buf[:16].any()
+    want = [decode_section("q8", s, "float16", (b, 8, 128)) for s in sections]
+    assert buf[16:].tobytes() == np.concatenate(want).tobytes()
+    one = np.empty((b, 8, 128), dtype=np.float16)
+    decode_section_into("q8", sections[2], one)
+    assert one.tobytes() == want[2].tobytes()
+    # strided and big-endian outputs take the copying path
+    strided = np.zeros((64, 8, 256), dtype=np.float16)[:, :, ::2]
+    decode_sections_into("q8", sections, strided)
+    assert np.array_equal(strided, buf[16:])
+    big = np.zeros((64, 8, 128), dtype=">f2")
+    decode_sections_into("q8", sections, big)
+    assert np.array_equal(big, buf[16:])
+    # the first block that cannot be encoded raises, with its own error
+    bad = layer.copy()
+    bad[40, 0, 0] = np.nan  # block 2
+    with pytest.raises(ValueError, match="NaN"):
+        encode_sections("q8", bad, b)
+    wide = bad.astype(np.float32)
+    wide[20, 1, 1] = 1e30  # block 1: scale overflow comes first
+    with pytest.raises(ValueError, match="float16 scale range"):
+        encode_sections("q8", wide, b)
+    # the first section refused raises; the blocks before it are decoded
+    broken = [*sections[:2], sections[2][:-1], sections[3]]
+    out = np.zeros((64, 8, 128), dtype=np.float16)
+    with pytest.raises(CodecError, match="octets"):
+        decode_sections_into("q8", broken, out)
+    assert out[:32].tobytes() == buf[16:48].tobytes()
+    minus = bytearray(sections[1])
+    minus[-1] = 0x80
+    with pytest.raises(CodecError, match="-128"):
+        decode_sections_into("q8", [sections[0], bytes(minus)], out[:32])
+
+
+def test_q8_unaligned_buffers():
+    """Arrays and sections at odd addresses (views into received payloads) decode the same."""
+    block = rand_block("float16", shape=(16, 8, 128), seed=7)
+    data = encode_section("q8", block)
+    odd = np.frombuffer(b"\x00" + block.tobytes(), dtype=np.float16, offset=1).reshape(16, 8, 128)
+    assert not odd.flags.aligned and encode_section("q8", odd) == data
+    payload = memoryview(b"\x00" + data)[1:]
+    want = decode_section("q8", data, "float16", (16, 8, 128))
+    assert decode_section("q8", payload, "float16", (16, 8, 128)).tobytes() == want.tobytes()
+    raw = bytearray(1 + block.nbytes)
+    out = np.frombuffer(raw, dtype=np.float16, offset=1).reshape(16, 8, 128)
+    decode_section_into("q8", payload, out)
+    assert not out.flags.aligned and out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("codec", ["raw", "q8", "zstd"])
+def test_batched_entry_points(codec):
+    layer = rand_block("bfloat16", shape=(12, 3, 16), seed=6)
+    sections = encode_sections(codec, layer, 4)
+    assert [bytes(s) for s in sections] == [
+        bytes(encode_section(codec, layer[i:i + 4])) for i in (0, 4, 8)]
+    if codec == "raw":
+        assert all(np.shares_memory(np.frombuffer(s, np.uint8), layer) for s in sections)
+    out = np.empty_like(layer)
+    decode_sections_into(codec, sections, out)
+    want = [decode_section(codec, s, "bfloat16", (4, 3, 16)) for s in sections]
+    assert out.tobytes() == np.concatenate(want).tobytes()
+    assert encode_sections(codec, layer[:0], 4) == []
+    with pytest.raises(ValueError, match="blocks of 5"):
+        encode_sections(codec, layer, 5)
+    with pytest.raises(ValueError, match="3 sections"):
+        decode_sections_into(codec, sections, out[:10])
+    with pytest.raises(ValueError, match="0 sections"):
+        decode_sections_into(codec, [], out)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        decode_sections_into(codec, sections, out)
+
+
+def test_q8_kernels_run_in_threads():
+    """The kernels release the GIL: threads encoding and decoding at once get the same bytes."""
+    layers = [rand_block("bfloat16", shape=(256, 8, 128), seed=s) for s in range(4)]
+    serial = [encode_sections("q8", x, 16) for x in layers]
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda x: encode_sections("q8", x, 16), layers)) == serial
+
+        def decode(sections):
+            out = np.empty((256, 8, 128), dtype=ml_dtypes.bfloat16)
+            decode_sections_into("q8", sections, out)
+            return out.tobytes()
+
+        want = [decode(s) for s in serial]
+        assert list(pool.map(decode, serial)) == want
