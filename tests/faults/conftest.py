@@ -1,0 +1,66 @@
+"""Fixtures for fault-injection tests: local relays and endpoints with impairment proxies
+between them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kvcs.endpoint import Endpoint
+from kvcs.relay import Relay
+from kvcs.testing import LocalNet
+from kvcs.transport import DevCertificate, QuicSettings
+
+from .impair import Impairment, ImpairmentProxy
+
+
+class FaultNet(LocalNet):
+    """:class:`~kvcs.testing.LocalNet` plus impairment proxies in front of its relays.
+    :meth:`aclose` closes the endpoints first (their CONNECTION_CLOSE still crosses the
+    proxies), then the proxies, then the relays."""
+
+    def __init__(self, cert: str | Path | DevCertificate,
+                 settings: QuicSettings | None = None) -> None:
+        super().__init__(cert, settings)
+        self.proxies: list[ImpairmentProxy] = []
+
+    async def __aenter__(self) -> FaultNet:
+        return self
+
+    async def proxy(self, relay: Relay, *, seed: int, up: Impairment | None = None,
+                    down: Impairment | None = None) -> ImpairmentProxy:
+        """Start a proxy to ``relay``; ``up`` impairs what clients send to the relay."""
+        proxy = ImpairmentProxy("127.0.0.1", relay.port, seed=seed, up=up, down=down)
+        await proxy.start()
+        self.proxies.append(proxy)
+        return proxy
+
+    async def client_via(self, proxy: ImpairmentProxy) -> Endpoint:
+        """Connect an endpoint to the relay behind ``proxy``, through it."""
+        ep = await Endpoint.connect(f"moqt://127.0.0.1:{proxy.port}/",
+                                    cafile=str(self.cert.certfile), settings=self.settings)
+        self.endpoints.append(ep)
+        return ep
+
+    async def aclose(self) -> None:
+        for ep in self.endpoints:
+            ep.close()
+        for ep in self.endpoints:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ep.wait_closed(), 2)
+        for proxy in self.proxies:
+            await proxy.aclose()
+        await super().aclose()
+
+
+@pytest.fixture
+async def faultnet(cert: DevCertificate) -> AsyncIterator[FaultNet]:
+    """A :class:`FaultNet` with the internet QUIC preset (1350-byte datagrams: a 1% loss
+    then hits hundreds of datagrams of a few hundred KiB, not a handful of 60000-byte
+    ones)."""
+    async with FaultNet(cert, QuicSettings()) as net:
+        yield net
