@@ -61,7 +61,6 @@ from .transport.binding import Server
 
 log = logging.getLogger(__name__)
 
-OBJECTID_FILTER = 0x26
 WRITE_WINDOW = 1 << 20
 """Bytes a fetch/fill stream may queue before its cursor waits for the transport to take
 them (the binding reports writability): bounds memory and lets streams interleave."""
