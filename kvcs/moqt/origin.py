@@ -112,16 +112,23 @@ class Origin(Generic[S]):
         del self._publications[ns]
         return self._notices(ns, False)
 
-    def withdraw_all(self, session: S | None) -> list[NamespaceNotice[S]]:
-        """End every publication of ``session`` (e.g. it closed)."""
+    def withdraw_all(self, session: S | None,
+                     request_id: int | None = None) -> list[NamespaceNotice[S]]:
+        """End every publication of ``session`` (e.g. it closed), or those of its request
+        ``request_id`` (e.g. an upstream SUBSCRIBE_NAMESPACE whose NAMESPACEs they were)."""
         notices: list[NamespaceNotice[S]] = []
         for rid, ns in self.publications(session):
-            notices += self.withdraw(ns, session, rid)
+            if request_id is None or rid == request_id:
+                notices += self.withdraw(ns, session, rid)
         return notices
 
     def publications(self, session: S | None) -> list[tuple[int, TrackNamespace]]:
         """(Request ID, namespace) of every publication of ``session``."""
         return list(self._published.get(session, ()))
+
+    def publishers(self, namespace: TrackNamespace) -> list[S | None]:
+        """Who publishes exactly ``namespace`` (None: the application), oldest first."""
+        return [session for session, _rid in self._publications.get(tuple(namespace), ())]
 
     def publisher(self, namespace: TrackNamespace,
                   accept: Callable[[S], bool] = lambda _s: True) -> S | None:
@@ -129,7 +136,7 @@ class Origin(Generic[S]):
         (the latest of several), among those ``accept`` takes; None if there is none."""
         ns = tuple(namespace)
         for n in range(len(ns), -1, -1):
-            for session, _rid in reversed(self._publications.get(ns[:n], ())):
+            for session in reversed(self.publishers(ns[:n])):
                 if session is not None and accept(session):
                     return session
         return None

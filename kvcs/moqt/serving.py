@@ -149,7 +149,8 @@ class _Subscription:
 class TrackServer:
     """Serves tracks on one session; see the module docstring."""
 
-    def __init__(self, session: Session, max_filter_ranges: int | None = None) -> None:
+    def __init__(self, session: Session, max_filter_ranges: int | None = None, *,
+                 on_request_ended: Callable[[int], None] | None = None) -> None:
         self.session = session
         self.max_filter_ranges = (session.config.max_filter_ranges
                                   if max_filter_ranges is None else max_filter_ranges)
@@ -163,11 +164,20 @@ class TrackServer:
         """Optional check called as (subscription request id, fill id, start, end) before a
         fill starts; returning False means the fill cannot be served: the fill stream is
         opened and reset right after its FETCH_HEADER (digest 6.2, a MUST in d22)."""
-        self.request_done: Callable[[int], None] | None = None
-        """Optional hook called with the Request ID of a served subscription or fetch once
-        it has ended for any reason (done, cancelled, failed); used by the relay."""
+        self._on_request_ended = on_request_ended
+        """Called with the Request ID of a served subscription or fetch once it has ended
+        for any reason (done, cancelled, failed): the owner's bookkeeping (the relay's)."""
 
     # ------------------------------------------------------------- requests
+
+    def serve(self, request_id: int, msg: Subscribe | Fetch | TrackStatus, track: Track) -> bool:
+        """Answer a SUBSCRIBE, FETCH or TRACK_STATUS from ``track``; False if rejected."""
+        if isinstance(msg, Subscribe):
+            return self.serve_subscribe(request_id, msg, track)
+        if isinstance(msg, Fetch):
+            return self.serve_fetch(request_id, msg, track)
+        self.serve_track_status(request_id, msg, track)
+        return True
 
     def serve_subscribe(self, request_id: int, msg: Subscribe, track: Track) -> bool:
         """Answer a SUBSCRIBE from ``track``; returns False if it was rejected."""
@@ -322,8 +332,8 @@ class TrackServer:
         self._maybe_done(sub)
 
     def _notify_done(self, request_id: int) -> None:
-        if self.request_done is not None:
-            self.request_done(request_id)
+        if self._on_request_ended is not None:
+            self._on_request_ended(request_id)
 
     def serving(self, request_id: int) -> bool:
         """True while the subscription or fetch ``request_id`` is being served."""

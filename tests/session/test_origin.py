@@ -73,8 +73,12 @@ def test_withdraw_all_of_a_session() -> None:
     o.publish(B, "pub", 4)
     o.publish(B, "other", 2)
     assert o.publications("pub") == [(2, A), (4, B)]
+    assert o.publishers(B) == ["pub", "other"]
+    assert o.withdraw_all("pub", 4) == []  # "other" still publishes B
+    assert o.publications("pub") == [(2, A)] and o.publishers(B) == ["other"]
     assert o.withdraw_all("pub") == notices(("w", 8, A, False))
     assert o.publications("pub") == [] and o.namespaces == [B]
+    assert o.withdraw_all("other", 2) == notices(("w", 8, B, False))
 
 
 def test_unwatch_returns_the_prefix_and_stops_notices() -> None:
