@@ -315,30 +315,22 @@ class Relay:
                         "too many open requests", self.config.fetch_retry_ms)
             return
         if isinstance(m, PublishNamespace):
-            ns = tuple(m.namespace)
-            if not self.auth.allowed(tokens, PUBLISH, ns):
-                self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED,
-                            "not authorized to publish this namespace")
-                return
+            ns, right, what = tuple(m.namespace), PUBLISH, "to publish this namespace"
+        elif isinstance(m, SubscribeNamespace):
+            ns, right, what = tuple(m.namespace_prefix), SUBSCRIBE, "for this namespace prefix"
+        else:
+            assert isinstance(m, Subscribe | Fetch | TrackStatus)  # RELAYED_REQUESTS
+            ns, right, what = tuple(m.namespace), SUBSCRIBE, "for this namespace"
+        if not self.auth.allowed(tokens, right, ns):
+            self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED, f"not authorized {what}")
+            return
+        if isinstance(m, PublishNamespace | SubscribeNamespace):
             peer.session.request_ok(rid)
             self._ok(kind)
-            self.namespaces.publish(peer, rid, ns)
-            return
-        if isinstance(m, SubscribeNamespace):
-            prefix = tuple(m.namespace_prefix)
-            if not self.auth.allowed(tokens, SUBSCRIBE, prefix):
-                self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED,
-                            "not authorized for this namespace prefix")
-                return
-            peer.session.request_ok(rid)
-            self._ok(kind)
-            self.namespaces.watch(peer, rid, prefix)
-            return
-        assert isinstance(m, Subscribe | Fetch | TrackStatus)
-        ns = tuple(m.namespace)
-        if not self.auth.allowed(tokens, SUBSCRIBE, ns):
-            self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED,
-                        "not authorized for this namespace")
+            if isinstance(m, PublishNamespace):
+                self.namespaces.publish(peer, rid, ns)
+            else:
+                self.namespaces.watch(peer, rid, ns)
             return
         if isinstance(m, Fetch) and \
                 peer.open_fetches() >= self.config.max_fetches_per_session:
