@@ -652,6 +652,7 @@ class Endpoint(BoundSession):
     # ----------------------------------------------------------------- responses
 
     def handle_event(self, e: ev.Event) -> None:
+        """Objects, answers and endings of our requests go to their waiting callers."""
         if isinstance(e, ev.ObjectReceived):
             target = self._requests.get(e.request_id)
             if isinstance(target, _Stream):
@@ -722,6 +723,7 @@ class Endpoint(BoundSession):
             self.origin.unwatch(self, e.request_id)
 
     def session_ended(self, code: int, reason: str) -> None:
+        """Fail what still waits; leave the (possibly shared) origin."""
         exc = SessionClosedError(f"session closed (code {code}: {reason})")
         for target in list(self._requests.values()):
             _fail_target(target, exc)
