@@ -1,8 +1,11 @@
 """The asyncio face of one MOQT session: publish, subscribe, fetch and discover.
 
-An :class:`Endpoint` owns a sans-IO :class:`~kvcs.moqt.session.Session` bound to a QUIC
-connection (:mod:`kvcs.transport`) and a :class:`~kvcs.moqt.serving.TrackServer` that
-answers the peer's SUBSCRIBE / FETCH / TRACK_STATUS from the endpoint's own tracks.
+A :class:`BoundSession` is a sans-IO :class:`~kvcs.moqt.session.Session` bound to its
+QUIC connection (:mod:`kvcs.transport`): event pump, SETUP timeout, a
+:class:`~kvcs.moqt.serving.TrackServer`, flushing. An :class:`Endpoint` is the bound
+session of an application: it answers the peer's SUBSCRIBE / FETCH / TRACK_STATUS /
+SUBSCRIBE_NAMESPACE from its :class:`~kvcs.moqt.origin.Origin` and offers the requests
+as coroutines. The relay's sessions are the other kind (:mod:`kvcs.relay.session`).
 
 Client::
 
@@ -13,9 +16,9 @@ Client::
         sub = await ep.subscribe(ns, b"video", location_filter=LocationFilter.next_object())
         async for obj in sub: ...
 
-Servers (the relay, tests) use :func:`serve_endpoints` and get one :class:`Endpoint` per
-accepted session. A ``request_handler`` hook lets an application (the relay) take over
-incoming requests the endpoint cannot answer from its own tracks.
+Servers use :func:`serve_endpoints` and get one :class:`Endpoint` per accepted session
+(:class:`~kvcs.hosting.TrackHost`: all serving one origin); :func:`serve_sessions` and
+:func:`open_session` bind sessions to other handlers (the relay's).
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from .moqt import events as ev
 from .moqt.errors import RequestErrorCode, SessionCode
+from .moqt.origin import NamespaceNotice, Origin
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
-from .moqt.track import Track, origin_track
+from .moqt.track import FullTrackName, Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
@@ -54,14 +58,12 @@ from .moqt.wire import (
     SubscribeOk,
     TrackNamespace,
     TrackStatus,
-    namespace_has_prefix,
 )
 from .transport import ConnectionInfo, MoqtConnection, QuicSettings, connect, serve
 from .transport.binding import Server
 
 log = logging.getLogger(__name__)
 
-OBJECTID_FILTER = 0x26
 WRITE_WINDOW = 1 << 20
 """Bytes a fetch/fill stream may queue before its cursor waits for the transport to take
 them (the binding reports writability): bounds memory and lets streams interleave."""
@@ -241,36 +243,221 @@ class NamespaceWatch:
         self._queue.put_nowait(_END)
 
 
-RequestHandler = Callable[["Endpoint", ev.RequestReceived], bool]
-"""Hook for incoming requests; return True if it took the request."""
-EventHook = Callable[["Endpoint", ev.Event], bool]
-"""Hook for session events the endpoint does not consume itself; True if handled."""
+class BoundSession:
+    """A sans-IO session bound to its QUIC connection: what an :class:`Endpoint` and a
+    relay session share.
 
-
-class Endpoint:
-    """One MOQT session with asyncio APIs. Create with :meth:`connect` or a server."""
+    It is the connection's :class:`~kvcs.transport.SessionHandler`: it drains the
+    session's events, closes a server session whose peer sends no SETUP within
+    :data:`SETUP_TIMEOUT`, lets its :class:`~kvcs.moqt.serving.TrackServer` take the events
+    of the requests it serves, keeps the SETUP and close state, and flushes. Subclasses
+    answer the peer's requests (:meth:`handle_request`), take every other event
+    (:meth:`handle_event`) and clean up when the session ends (:meth:`session_ended`).
+    """
 
     def __init__(self, conn: MoqtConnection) -> None:
         assert conn.session is not None and isinstance(conn.session, Session)
         self.conn = conn
         self.session: Session = conn.session
-        self.server = TrackServer(self.session)
-        self.tracks: dict[tuple[TrackNamespace, bytes], Track] = {}
-        self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
-        self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
-        self.request_handler: RequestHandler | None = None
-        self.event_hook: EventHook | None = None
-        self.auth_tokens: tuple[AuthToken, ...] = ()
-        self._requests: dict[int, Any] = {}
-        self._ns_watchers: dict[int, TrackNamespace] = {}  # peer SUBSCRIBE_NAMESPACE -> prefix
-        self._established: asyncio.Future[SetupOptions] = (
-            asyncio.get_running_loop().create_future())
-        self._closed: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self.server = TrackServer(self.session, on_request_ended=self.served_request_ended)
+        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``)."""
+        loop = asyncio.get_running_loop()
+        self._established: asyncio.Future[SetupOptions] = loop.create_future()
+        self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()
         conn.attach(self)
         conn.add_close_callback(self._on_connection_closed)
         if not self.session.config.is_client:
             # a peer that never sends SETUP is closed (CONTROL_MESSAGE_TIMEOUT)
-            asyncio.get_running_loop().call_later(SETUP_TIMEOUT, self._check_setup)
+            loop.call_later(SETUP_TIMEOUT, self._check_setup)
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def peer_setup(self) -> SetupOptions | None:
+        """The peer's Setup Options once its SETUP arrived."""
+        return self.session.peer_setup
+
+    async def established(self) -> SetupOptions:
+        """Wait for the peer's SETUP."""
+        return await asyncio.shield(self._established)
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the session has ended."""
+        return self._closed.done() or self.session.is_closed
+
+    def close(self, code: int = SessionCode.NO_ERROR, reason: str = "") -> None:
+        """Close the session."""
+        if not self.session.is_closed:
+            self.session.close(code, reason)
+            self._dispatch()
+            self.flush()
+
+    async def wait_closed(self) -> tuple[int, str]:
+        """Wait until the session has ended; returns (code, reason)."""
+        with contextlib.suppress(Exception):
+            await self.conn.wait_closed()
+        if not self._closed.done():
+            self._ended(self.session.closed or (0, "closed"))
+        return self._closed.result()
+
+    # ----------------------------------------------------------------- sending
+
+    def flush(self) -> None:
+        """Send what the session has queued (call after session API calls)."""
+        self.conn.flush()
+
+    def schedule_flush(self) -> None:
+        """Flush at the end of this loop turn (:meth:`MoqtConnection.flush_soon`)."""
+        self.conn.flush_soon()
+
+    async def drain(self, limit: int = 4 << 20) -> None:
+        """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""
+        self.flush()
+        await self.conn.drain(limit)
+
+    def send_namespace(self, request_id: int, namespace: TrackNamespace, active: bool) -> None:
+        """NAMESPACE (``active``) or NAMESPACE_DONE on the peer's SUBSCRIBE_NAMESPACE
+        ``request_id``, sent at the end of the loop turn."""
+        if self.is_closed:
+            return
+        with contextlib.suppress(KeyError, ValueError):  # the request ended meanwhile
+            if active:
+                self.session.namespace(request_id, namespace)
+            else:
+                self.session.namespace_done(request_id, namespace)
+        self.schedule_flush()
+
+    # ----------------------------------------------------------------- events
+
+    def session_changed(self) -> None:
+        """:class:`~kvcs.transport.SessionHandler`: handle the session's new events."""
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while (e := self.session.next_event()) is not None:
+            try:
+                self._handle(e)
+            except Exception:
+                log.exception("error handling %s", type(e).__name__)
+
+    def _handle(self, e: ev.Event) -> None:
+        if isinstance(e, ev.ObjectReceived):
+            self.handle_event(e)  # the hot path: straight to the subclass
+        elif self.server.handle(e):
+            return
+        elif isinstance(e, ev.RequestReceived):
+            self.handle_request(e)
+        elif isinstance(e, ev.SessionEstablished):
+            _resolve(self._established, e.options)
+        elif isinstance(e, ev.SessionClosed):
+            self._ended((e.code, e.reason))
+        elif isinstance(e, ev.GoAwayReceived):
+            log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
+        else:
+            self.handle_event(e)
+
+    def handle_request(self, e: ev.RequestReceived) -> None:
+        """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
+        self.session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
+                                   f"{type(e.message).__name__} not supported here")
+
+    def handle_event(self, e: ev.Event) -> None:
+        """Any other event: objects, answers to our requests, cancellations."""
+
+    def served_request_ended(self, request_id: int) -> None:
+        """A subscription or fetch served by :attr:`server` has ended."""
+
+    def session_ended(self, code: int, reason: str) -> None:
+        """The session has ended (called once)."""
+
+    def _ended(self, closed: tuple[int, str]) -> None:
+        if self._closed.done():
+            return
+        self._closed.set_result(closed)
+        if not self._established.done():
+            self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
+            self._established.exception()
+        self.session_ended(*closed)
+        self.server.close()
+
+    def _check_setup(self) -> None:
+        if self.session.peer_setup is None and not self.is_closed:
+            log.warning("peer sent no SETUP within %.0f s: closing", SETUP_TIMEOUT)
+            self.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
+
+    def _on_connection_closed(self) -> None:
+        self.session.connection_lost(None, "connection closed")
+        self._dispatch()
+
+
+B = TypeVar("B", bound=BoundSession)
+
+
+def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
+    """Send what an :class:`~kvcs.moqt.origin.Origin` said each watcher must get."""
+    for n in notices:
+        n.session.send_namespace(n.request_id, n.namespace, n.active)
+
+
+async def open_session(
+    url: str,
+    make: Callable[[MoqtConnection], B],
+    *,
+    settings: QuicSettings | None = None,
+    verify: bool = True,
+    cafile: str | None = None,
+    pin_sha256: str | bytes | None = None,
+    auth_tokens: tuple[AuthToken, ...] = (),
+    implementation: str = "kvcs/0.1",
+    timeout: float = 10.0,
+) -> B:
+    """Connect to ``moqt://`` (raw QUIC) or ``https://`` (WebTransport), bind the session
+    with ``make(conn)`` and wait for the peer's SETUP (ConnectionError if none comes)."""
+
+    def factory(opener: Any, info: ConnectionInfo) -> Session:
+        cfg = SessionConfig(
+            is_client=True,
+            implementation=implementation,
+            webtransport=info.transport == "webtransport",
+            auth_tokens=auth_tokens,
+            write_window=WRITE_WINDOW,
+        )
+        if info.transport == "quic":
+            cfg.authority = (info.authority or "").encode()
+            cfg.path = (info.path or "/").encode()
+        return Session(cfg, opener)
+
+    conn = await connect(url, factory, settings, verify=verify, cafile=cafile,
+                         pin_sha256=pin_sha256, timeout=timeout)
+    bound = make(conn)
+    bound.session_changed()  # the peer's SETUP may already be in
+    bound.flush()
+    try:
+        await asyncio.wait_for(bound.established(), timeout)
+    except TimeoutError:
+        bound.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
+        raise ConnectionError(f"{url}: peer sent no SETUP") from None
+    return bound
+
+
+class Endpoint(BoundSession):
+    """One MOQT session with asyncio APIs. Create with :meth:`connect` or a server.
+
+    It serves its :attr:`origin` (tracks and namespaces) to the peer; a
+    :class:`~kvcs.hosting.TrackHost` gives all its endpoints one origin. A subclass may
+    answer the peer's requests differently by overriding :meth:`handle_request`.
+    """
+
+    def __init__(self, conn: MoqtConnection, *, origin: Origin[Endpoint] | None = None,
+                 auth_tokens: tuple[AuthToken, ...] = ()) -> None:
+        super().__init__(conn)
+        self.origin: Origin[Endpoint] = Origin() if origin is None else origin
+        self.auth_tokens = auth_tokens
+        """Sent with every request (and in SETUP by :meth:`connect`)."""
+        self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
+        self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
+        self._requests: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -286,35 +473,13 @@ class Endpoint:
         auth_tokens: tuple[AuthToken, ...] = (),
         implementation: str = "kvcs/0.1",
         timeout: float = 10.0,
-    ) -> Endpoint:
+    ) -> Self:
         """Connect to ``moqt://`` (raw QUIC) or ``https://`` (WebTransport) and wait for the
         peer's SETUP."""
-
-        def factory(opener: Any, info: ConnectionInfo) -> Session:
-            cfg = SessionConfig(
-                is_client=True,
-                implementation=implementation,
-                webtransport=info.transport == "webtransport",
-                auth_tokens=auth_tokens,
-                write_window=WRITE_WINDOW,
-            )
-            if info.transport == "quic":
-                cfg.authority = (info.authority or "").encode()
-                cfg.path = (info.path or "/").encode()
-            return Session(cfg, opener)
-
-        conn = await connect(url, factory, settings, verify=verify, cafile=cafile,
-                             pin_sha256=pin_sha256, timeout=timeout)
-        ep = cls(conn)
-        ep.auth_tokens = auth_tokens
-        ep._dispatch()
-        ep.flush()
-        try:
-            await asyncio.wait_for(asyncio.shield(ep._established), timeout)
-        except TimeoutError:
-            ep.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
-            raise ConnectionError(f"{url}: peer sent no SETUP") from None
-        return ep
+        return await open_session(
+            url, lambda conn: cls(conn, auth_tokens=auth_tokens), settings=settings,
+            verify=verify, cafile=cafile, pin_sha256=pin_sha256, auth_tokens=auth_tokens,
+            implementation=implementation, timeout=timeout)
 
     async def __aenter__(self) -> Endpoint:
         return self
@@ -324,80 +489,35 @@ class Endpoint:
         await self.wait_closed()
 
     @property
-    def peer_setup(self) -> SetupOptions | None:
-        """The peer's Setup Options once its SETUP arrived."""
-        return self.session.peer_setup
-
-    @property
     def peer_max_filter_ranges(self) -> int:
         """The peer's MAX_FILTER_RANGES (0 = no range filters allowed)."""
         return self.session.peer_setup.max_filter_ranges if self.session.peer_setup else 0
 
-    async def established(self) -> SetupOptions:
-        """Wait for the peer's SETUP."""
-        return await asyncio.shield(self._established)
-
-    def close(self, code: int = SessionCode.NO_ERROR, reason: str = "") -> None:
-        """Close the session."""
-        if not self.session.is_closed:
-            self.session.close(code, reason)
-            self._dispatch()
-            self.flush()
-
-    async def wait_closed(self) -> tuple[int, str]:
-        """Wait until the session has ended; returns (code, reason)."""
-        with contextlib.suppress(Exception):
-            await self.conn.wait_closed()
-        if not self._closed.done():
-            self._on_closed(self.session.closed or (0, "closed"))
-        return self._closed.result()
+    @property
+    def tracks(self) -> dict[FullTrackName, Track]:
+        """The tracks this endpoint serves (its origin's)."""
+        return self.origin.tracks
 
     @property
-    def is_closed(self) -> bool:
-        """True once the session has ended."""
-        return self._closed.done() or self.session.is_closed
-
-    def flush(self) -> None:
-        """Send what the session has queued (call after session API calls)."""
-        self.conn.flush()
-
-    def schedule_flush(self) -> None:
-        """Flush at the end of this loop turn (:meth:`MoqtConnection.flush_soon`)."""
-        self.conn.flush_soon()
-
-    async def drain(self, limit: int = 4 << 20) -> None:
-        """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""
-        self.flush()
-        await self.conn.drain(limit)
-
-    def session_changed(self) -> None:
-        """:class:`~kvcs.transport.SessionHandler`: handle the session's new events."""
-        self._dispatch()
-
-    def _check_setup(self) -> None:
-        if self.session.peer_setup is None and not self.is_closed:
-            log.warning("peer sent no SETUP within %.0f s: closing", SETUP_TIMEOUT)
-            self.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
+    def namespace_watches(self) -> dict[int, TrackNamespace]:
+        """The peer's open SUBSCRIBE_NAMESPACE requests: Request ID -> prefix."""
+        return self.origin.watches(self)
 
     def _cancel(self, request_id: int) -> None:
         self.session.cancel(request_id)
         self._requests.pop(request_id, None)
         self.flush()
 
-    def _on_connection_closed(self) -> None:
-        self.session.connection_lost(None, "connection closed")
-        self._dispatch()
-
     # ----------------------------------------------------------------- publishing
 
     def create_track(self, namespace: TrackNamespace, name: bytes,
                      properties: Properties = ()) -> Track:
         """Create (or return) a local track that this endpoint serves to its peer."""
-        return origin_track(self.tracks, namespace, name, properties)
+        return self.origin.create_track(namespace, name, properties)
 
     def add_track(self, track: Track) -> None:
         """Serve an existing track (e.g. one shared by several endpoints)."""
-        self.tracks[track.full_name] = track
+        self.origin.add_track(track)
 
     def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
                 *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
@@ -408,7 +528,8 @@ class Endpoint:
         self.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
-        """PUBLISH_NAMESPACE and wait for REQUEST_OK (raises MoqtRequestError)."""
+        """PUBLISH_NAMESPACE and wait for REQUEST_OK (raises MoqtRequestError); the peer's
+        SUBSCRIBE_NAMESPACE watchers then see the namespace too."""
         p = params or Parameters(auth_tokens=self.auth_tokens)
         rid = self.session.publish_namespace(namespace, p)
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
@@ -417,10 +538,7 @@ class Endpoint:
         await fut
         ns = tuple(namespace)
         self.announced[ns] = rid
-        for wid, prefix in self._ns_watchers.items():
-            if namespace_has_prefix(ns, prefix):
-                self.session.namespace(wid, ns)
-        self.flush()
+        send_namespace_notices(self.origin.publish(ns, self, rid))
 
     def withdraw(self, namespace: TrackNamespace) -> None:
         """Withdraw a namespace announced with :meth:`announce`."""
@@ -428,10 +546,8 @@ class Endpoint:
         rid = self.announced.pop(ns, None)
         if rid is not None:
             self.session.cancel(rid)
-            for wid, prefix in self._ns_watchers.items():
-                if namespace_has_prefix(ns, prefix):
-                    self.session.namespace_done(wid, ns)
-            self.flush()
+            send_namespace_notices(self.origin.withdraw(ns, self, rid))
+            self.schedule_flush()
 
     # ----------------------------------------------------------------- consuming
 
@@ -512,17 +628,31 @@ class Endpoint:
         await watch._accepted
         return watch
 
-    # ----------------------------------------------------------------- dispatch
+    # ----------------------------------------------------------------- serving
 
-    def _dispatch(self) -> None:
-        """Drain session events (runs inside the connection's input hook)."""
-        while (e := self.session.next_event()) is not None:
-            try:
-                self._handle(e)
-            except Exception:
-                log.exception("error handling %s", type(e).__name__)
+    def handle_request(self, e: ev.RequestReceived) -> None:
+        """Answer the peer's request from :attr:`origin`."""
+        m = e.message
+        s = self.session
+        if isinstance(m, Subscribe | Fetch | TrackStatus):
+            track = self.origin.track(m.namespace, m.name)
+            if track is None:
+                s.request_error(e.request_id, RequestErrorCode.DOES_NOT_EXIST, "no such track")
+            else:
+                self.server.serve(e.request_id, m, track)
+        elif isinstance(m, PublishNamespace):
+            self.peer_namespaces[e.request_id] = tuple(m.namespace)
+            s.request_ok(e.request_id)
+        elif isinstance(m, SubscribeNamespace):
+            s.request_ok(e.request_id)
+            send_namespace_notices(self.origin.watch(self, e.request_id, m.namespace_prefix))
+        else:
+            super().handle_request(e)
 
-    def _handle(self, e: ev.Event) -> None:
+    # ----------------------------------------------------------------- responses
+
+    def handle_event(self, e: ev.Event) -> None:
+        """Objects, answers and endings of our requests go to their waiting callers."""
         if isinstance(e, ev.ObjectReceived):
             target = self._requests.get(e.request_id)
             if isinstance(target, _Stream):
@@ -530,37 +660,7 @@ class Endpoint:
                 target._put(ReceivedObject(r.group_id, r.object_id, r.subgroup_id,
                                            r.publisher_priority, r.status, r.properties,
                                            r.payload, e.fill_id is not None))
-                return
-            if self.event_hook is not None:
-                self.event_hook(self, e)
             return
-        if self.server.handle(e):
-            return
-        if self.event_hook is not None and self.event_hook(self, e):
-            return
-        if isinstance(e, ev.RequestReceived):
-            self._on_request(e)
-        elif isinstance(e, ev.SessionEstablished):
-            if not self._established.done():
-                self._established.set_result(e.options)
-        elif isinstance(e, ev.SessionClosed):
-            self._on_closed((e.code, e.reason))
-        else:
-            self._on_response(e)
-
-    def _on_closed(self, closed: tuple[int, str]) -> None:
-        if not self._closed.done():
-            self._closed.set_result(closed)
-        if not self._established.done():
-            self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
-            self._established.exception()
-        exc = SessionClosedError(f"session closed (code {closed[0]}: {closed[1]})")
-        for target in list(self._requests.values()):
-            _fail_target(target, exc)
-        self._requests.clear()
-        self.server.close()
-
-    def _on_response(self, e: ev.Event) -> None:
         rid = getattr(e, "request_id", None)
         target = self._requests.get(rid) if rid is not None else None
         if (isinstance(e, ev.SubscribeAccepted) and isinstance(target, Subscription)) or (
@@ -619,44 +719,18 @@ class Endpoint:
         elif isinstance(e, ev.RequestCancelled):
             ns = self.peer_namespaces.pop(e.request_id, None)
             if ns is not None:
-                self._on_peer_namespace_gone(ns)
-            self._ns_watchers.pop(e.request_id, None)
-        elif isinstance(e, ev.GoAwayReceived):
-            log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
+                log.debug("peer withdrew namespace %r", ns)
+            self.origin.unwatch(self, e.request_id)
 
-    # ----------------------------------------------------------------- serving
-
-    def _on_request(self, e: ev.RequestReceived) -> None:
-        if self.request_handler is not None and self.request_handler(self, e):
-            return
-        m = e.message
-        s = self.session
-        if isinstance(m, Subscribe | Fetch | TrackStatus):
-            track = self.tracks.get((tuple(m.namespace), bytes(m.name)))
-            if track is None:
-                s.request_error(e.request_id, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            elif isinstance(m, Subscribe):
-                self.server.serve_subscribe(e.request_id, m, track)
-            elif isinstance(m, Fetch):
-                self.server.serve_fetch(e.request_id, m, track)
-            else:
-                self.server.serve_track_status(e.request_id, m, track)
-        elif isinstance(m, PublishNamespace):
-            self.peer_namespaces[e.request_id] = tuple(m.namespace)
-            s.request_ok(e.request_id)
-        elif isinstance(m, SubscribeNamespace):
-            prefix = tuple(m.namespace_prefix)
-            s.request_ok(e.request_id)
-            self._ns_watchers[e.request_id] = prefix
-            for ns in self.announced:
-                if namespace_has_prefix(ns, prefix):
-                    s.namespace(e.request_id, ns)
-        else:
-            s.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
-                            f"{type(m).__name__} not supported here")
-
-    def _on_peer_namespace_gone(self, ns: TrackNamespace) -> None:
-        log.debug("peer withdrew namespace %r", ns)
+    def session_ended(self, code: int, reason: str) -> None:
+        """Fail what still waits; leave the (possibly shared) origin."""
+        exc = SessionClosedError(f"session closed (code {code}: {reason})")
+        for target in list(self._requests.values()):
+            _fail_target(target, exc)
+        self._requests.clear()
+        for rid in self.origin.watches(self):
+            self.origin.unwatch(self, rid)
+        send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
 
 
 def _resolve(fut: asyncio.Future[Any] | None, value: Any) -> None:
@@ -686,13 +760,10 @@ def _fail_target(target: Any, exc: BaseException) -> None:
         target._queue.put_nowait(_END)
 
 
-EndpointHandler = Callable[[Endpoint], Any]
-
-
-async def serve_endpoints(
+async def serve_sessions(
     host: str,
     port: int,
-    on_endpoint: EndpointHandler,
+    bind: Callable[[MoqtConnection], None],
     *,
     certfile: str,
     keyfile: str | None = None,
@@ -701,8 +772,9 @@ async def serve_endpoints(
     max_filter_ranges: int = 16,
     max_request_updates: int = 0,
 ) -> Server:
-    """Accept MOQT sessions (raw QUIC and WebTransport on one UDP port); ``on_endpoint`` is
-    called with each new :class:`Endpoint` before any of its events are handled."""
+    """Accept MOQT sessions (raw QUIC and WebTransport on one UDP port); ``bind(conn)``
+    makes the handler of each new session (an :class:`Endpoint`, a relay session) before
+    any of its events are handled."""
 
     def factory(opener: Any, info: ConnectionInfo) -> Session:
         return Session(SessionConfig(
@@ -714,14 +786,34 @@ async def serve_endpoints(
             write_window=WRITE_WINDOW,
         ), opener)
 
-    def on_session(conn: MoqtConnection) -> None:
-        ep = Endpoint(conn)
-        on_endpoint(ep)
+    return await serve(host, port, factory, settings, certfile, keyfile, on_session=bind)
 
-    return await serve(host, port, factory, settings, certfile, keyfile, on_session=on_session)
+
+async def serve_endpoints(
+    host: str,
+    port: int,
+    on_endpoint: Callable[[Endpoint], object],
+    *,
+    certfile: str,
+    keyfile: str | None = None,
+    settings: QuicSettings | None = None,
+    origin: Origin[Endpoint] | None = None,
+    endpoint_class: type[Endpoint] = Endpoint,
+    **session_options: Any,
+) -> Server:
+    """:func:`serve_sessions` with one ``endpoint_class`` per session, all serving
+    ``origin`` if given (else each its own); ``on_endpoint`` is called with each new
+    endpoint before any of its events are handled."""
+
+    def bind(conn: MoqtConnection) -> None:
+        on_endpoint(endpoint_class(conn, origin=origin))
+
+    return await serve_sessions(host, port, bind, certfile=certfile, keyfile=keyfile,
+                                settings=settings, **session_options)
 
 
 __all__ = [
+    "BoundSession",
     "Endpoint",
     "FetchResult",
     "MoqtRequestError",
@@ -729,5 +821,8 @@ __all__ = [
     "ReceivedObject",
     "SessionClosedError",
     "Subscription",
+    "open_session",
+    "send_namespace_notices",
     "serve_endpoints",
+    "serve_sessions",
 ]

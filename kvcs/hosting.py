@@ -3,7 +3,8 @@
 A :class:`TrackHost` offers the publishing API of :class:`~kvcs.endpoint.Endpoint`
 (``create_track``, ``publish``, ``announce``, ``withdraw``, ``drain``) for a publisher that
 accepts consumers directly instead of publishing into a relay: every accepted session
-serves the same tracks and sees the same announced namespaces (SUBSCRIBE_NAMESPACE).
+serves the host's one :class:`~kvcs.moqt.origin.Origin`, so all see the same tracks and
+the same announced namespaces (SUBSCRIBE_NAMESPACE).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .endpoint import Endpoint, serve_endpoints
-from .moqt.track import Track, origin_track
-from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace, namespace_has_prefix
+from .endpoint import Endpoint, send_namespace_notices, serve_endpoints
+from .moqt.origin import Origin
+from .moqt.track import FullTrackName, Track
+from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
 from .transport import QuicSettings
 from .transport.binding import Server
 
@@ -22,21 +24,24 @@ class TrackHost:
     """Local tracks served by a MOQT server to all its sessions."""
 
     def __init__(self) -> None:
-        self.tracks: dict[tuple[TrackNamespace, bytes], Track] = {}
-        self.announced: dict[TrackNamespace, int] = {}
+        self.origin: Origin[Endpoint] = Origin()
         self.endpoints: list[Endpoint] = []
         self.server: Server | None = None
 
+    @property
+    def tracks(self) -> dict[FullTrackName, Track]:
+        """The tracks every session serves."""
+        return self.origin.tracks
+
     async def listen(self, host: str, port: int, *, certfile: str, keyfile: str | None = None,
                      settings: QuicSettings | None = None, **kw: Any) -> Server:
-        """Start a server whose sessions all serve this host's tracks."""
+        """Start a server whose sessions all serve this host's origin."""
         self.server = await serve_endpoints(host, port, self._attach, certfile=certfile,
-                                            keyfile=keyfile, settings=settings, **kw)
+                                            keyfile=keyfile, settings=settings,
+                                            origin=self.origin, **kw)
         return self.server
 
     def _attach(self, ep: Endpoint) -> None:
-        ep.tracks = self.tracks
-        ep.announced = self.announced
         self.endpoints.append(ep)
         ep.conn.add_close_callback(lambda: self._detach(ep))
 
@@ -47,7 +52,7 @@ class TrackHost:
     def create_track(self, namespace: TrackNamespace, name: bytes,
                      properties: Properties = ()) -> Track:
         """Create (or return) a local origin track."""
-        return origin_track(self.tracks, namespace, name, properties)
+        return self.origin.create_track(namespace, name, properties)
 
     def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
                 *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
@@ -60,23 +65,11 @@ class TrackHost:
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """Make a namespace visible to SUBSCRIBE_NAMESPACE on every session."""
-        ns = tuple(namespace)
-        self.announced[ns] = -1
-        for ep in self.endpoints:
-            for wid, prefix in ep._ns_watchers.items():
-                if namespace_has_prefix(ns, prefix):
-                    ep.session.namespace(wid, ns)
-            ep.flush()
+        send_namespace_notices(self.origin.publish(namespace))
 
     def withdraw(self, namespace: TrackNamespace) -> None:
         """Withdraw a namespace."""
-        ns = tuple(namespace)
-        self.announced.pop(ns, None)
-        for ep in self.endpoints:
-            for wid, prefix in ep._ns_watchers.items():
-                if namespace_has_prefix(ns, prefix):
-                    ep.session.namespace_done(wid, ns)
-            ep.flush()
+        send_namespace_notices(self.origin.withdraw(namespace))
 
     async def drain(self, limit: int = 4 << 20) -> None:
         """Back-pressure over every session."""

@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .endpoint import Endpoint
 from .moqt.wire import AuthToken
 from .relay import Authorizer, Relay, RelayConfig
 from .transport import DevCertificate, QuicSettings, ensure_dev_certificate
+
+E = TypeVar("E", bound=Endpoint)
 
 
 async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -68,13 +70,14 @@ class LocalNet:
         self.relays.append(relay)
         return relay
 
-    async def client(self, relay: Relay, token: bytes | None = None,
-                     scheme: str = "moqt") -> Endpoint:
-        """Connect an endpoint to a local relay."""
+    async def client(self, relay: Relay, token: bytes | None = None, scheme: str = "moqt",
+                     endpoint_class: type[E] = Endpoint) -> E:  # type: ignore[assignment]
+        """Connect an endpoint (an ``endpoint_class``, e.g. one that answers requests its
+        own way) to a local relay."""
         tokens = (AuthToken(3, token_type=0, value=token),) if token else ()
-        ep = await Endpoint.connect(f"{scheme}://127.0.0.1:{relay.port}/",
-                                    cafile=str(self.cert.certfile), settings=self.settings,
-                                    auth_tokens=tokens)
+        ep = await endpoint_class.connect(f"{scheme}://127.0.0.1:{relay.port}/",
+                                          cafile=str(self.cert.certfile),
+                                          settings=self.settings, auth_tokens=tokens)
         self.endpoints.append(ep)
         return ep
 

@@ -30,6 +30,11 @@ from .session import Session
 from .track import CachedObject, Track
 from .wire import (
     MAX_VI64,
+    PARAM_OBJECT_PROPERTY_FILTER,
+    PARAM_OBJECTID_FILTER,
+    PARAM_PRIORITY_FILTER,
+    PARAM_SUBGROUP_FILTER,
+    PARAM_TRACK_PROPERTY_FILTER,
     Fetch,
     GroupOrder,
     Location,
@@ -41,14 +46,10 @@ from .wire import (
     TrackStatus,
     prop_get,
 )
+from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
 
 log = logging.getLogger(__name__)
 
-SUBGROUP_FILTER = 0x25
-OBJECTID_FILTER = 0x26
-PRIORITY_FILTER = 0x27
-OBJECT_PROPERTY_FILTER = 0x28
-TRACK_PROPERTY_FILTER = 0x29
 _END = Location(MAX_VI64, MAX_VI64)
 
 
@@ -69,11 +70,11 @@ def check_range_filters(filters: tuple[RangeFilter, ...], max_ranges: int) -> No
         if key in seen:
             raise FilterError(RequestErrorCode.INVALID_FILTER, "duplicate range filter")
         seen.add(key)
-        if f.param_type == TRACK_PROPERTY_FILTER:
+        if f.param_type == PARAM_TRACK_PROPERTY_FILTER:
             raise FilterError(RequestErrorCode.INVALID_FILTER, "TRACK_PROPERTY_FILTER here")
-        if f.param_type == OBJECT_PROPERTY_FILTER and (f.property_type or 0) % 2:
+        if f.param_type == PARAM_OBJECT_PROPERTY_FILTER and (f.property_type or 0) % 2:
             raise FilterError(RequestErrorCode.INVALID_FILTER, "odd property type in filter")
-        if f.param_type == PRIORITY_FILTER and any(
+        if f.param_type == PARAM_PRIORITY_FILTER and any(
             (e if e is not None else s) > 255 for s, e in f.ranges
         ):
             raise FilterError(RequestErrorCode.INVALID_FILTER, "priority range above 255")
@@ -95,13 +96,13 @@ def passes_range_filters(obj: CachedObject, filters: tuple[RangeFilter, ...]) ->
     for f in filters:
         if f.remove:
             continue
-        if f.param_type == OBJECTID_FILTER:
+        if f.param_type == PARAM_OBJECTID_FILTER:
             ok = _in_ranges(obj.object_id, f.ranges)
-        elif f.param_type == SUBGROUP_FILTER:
+        elif f.param_type == PARAM_SUBGROUP_FILTER:
             ok = _in_ranges(obj.subgroup_id, f.ranges)
-        elif f.param_type == PRIORITY_FILTER:
+        elif f.param_type == PARAM_PRIORITY_FILTER:
             ok = _in_ranges(obj.publisher_priority, f.ranges)
-        elif f.param_type == OBJECT_PROPERTY_FILTER:
+        elif f.param_type == PARAM_OBJECT_PROPERTY_FILTER:
             v = prop_get(obj.properties, f.property_type or 0, None)
             ok = isinstance(v, int) and _in_ranges(v, f.ranges)
         else:
@@ -148,7 +149,8 @@ class _Subscription:
 class TrackServer:
     """Serves tracks on one session; see the module docstring."""
 
-    def __init__(self, session: Session, max_filter_ranges: int | None = None) -> None:
+    def __init__(self, session: Session, max_filter_ranges: int | None = None, *,
+                 on_request_ended: Callable[[int], None] | None = None) -> None:
         self.session = session
         self.max_filter_ranges = (session.config.max_filter_ranges
                                   if max_filter_ranges is None else max_filter_ranges)
@@ -162,11 +164,20 @@ class TrackServer:
         """Optional check called as (subscription request id, fill id, start, end) before a
         fill starts; returning False means the fill cannot be served: the fill stream is
         opened and reset right after its FETCH_HEADER (digest 6.2, a MUST in d22)."""
-        self.request_done: Callable[[int], None] | None = None
-        """Optional hook called with the Request ID of a served subscription or fetch once
-        it has ended for any reason (done, cancelled, failed); used by the relay."""
+        self._on_request_ended = on_request_ended
+        """Called with the Request ID of a served subscription or fetch once it has ended
+        for any reason (done, cancelled, failed): the owner's bookkeeping (the relay's)."""
 
     # ------------------------------------------------------------- requests
+
+    def serve(self, request_id: int, msg: Subscribe | Fetch | TrackStatus, track: Track) -> bool:
+        """Answer a SUBSCRIBE, FETCH or TRACK_STATUS from ``track``; False if rejected."""
+        if isinstance(msg, Subscribe):
+            return self.serve_subscribe(request_id, msg, track)
+        if isinstance(msg, Fetch):
+            return self.serve_fetch(request_id, msg, track)
+        self.serve_track_status(request_id, msg, track)
+        return True
 
     def serve_subscribe(self, request_id: int, msg: Subscribe, track: Track) -> bool:
         """Answer a SUBSCRIBE from ``track``; returns False if it was rejected."""
@@ -179,7 +190,8 @@ class TrackServer:
             self.session.request_error(request_id, exc.code, str(exc))
             return False
         lf = p.location_filter or LocationFilter.none()
-        if lf.type == 0x04 and lf.end_group_delta == 0 and lf.end_object < lf.start_object:
+        if lf.type == LF_ABSOLUTE_RANGE and lf.end_group_delta == 0 \
+                and lf.end_object < lf.start_object:
             self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
                                        "end before start")
             return False
@@ -212,11 +224,11 @@ class TrackServer:
             self.session.request_error(request_id, exc.code, str(exc))
             return False
         lf = p.location_filter
-        if lf is not None and lf.type == 0x05:
+        if lf is not None and lf.type == LF_NEXT_OBJECT:
             self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
                                        "Next Object filter in FETCH")
             return False
-        if lf is not None and lf.type == 0x04 and lf.end_group_delta == 0 \
+        if lf is not None and lf.type == LF_ABSOLUTE_RANGE and lf.end_group_delta == 0 \
                 and lf.end_object < lf.start_object:
             self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
                                        "end before start")
@@ -320,8 +332,8 @@ class TrackServer:
         self._maybe_done(sub)
 
     def _notify_done(self, request_id: int) -> None:
-        if self.request_done is not None:
-            self.request_done(request_id)
+        if self._on_request_ended is not None:
+            self._on_request_ended(request_id)
 
     def serving(self, request_id: int) -> bool:
         """True while the subscription or fetch ``request_id`` is being served."""

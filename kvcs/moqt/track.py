@@ -306,12 +306,3 @@ class Track:
         now = self._clock() if now is None else now
         return now - self._newest > dur / 1000.0
 
-
-def origin_track(tracks: dict[FullTrackName, Track], namespace: TrackNamespace, name: bytes,
-                 properties: Properties = ()) -> Track:
-    """The origin track ``(namespace, name)`` of ``tracks``, created on first use."""
-    key = (tuple(namespace), bytes(name))
-    track = tracks.get(key)
-    if track is None:
-        track = tracks[key] = Track(namespace, name, properties, origin=True)
-    return track

@@ -3,6 +3,8 @@ are discarded, recovered elsewhere or reported for recompute; no wrong tensor is
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
 from kvcs.relay import Relay
+from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
@@ -26,17 +29,29 @@ class TamperingRelay(Relay):
     drop: set[tuple[bytes, int, int]] = set()
     swap: dict[tuple[bytes, int, int], bytes] = {}
 
-    def _on_object(self, link, e: ev.ObjectReceived) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.links = _TamperingLinks(self)
+
+
+class _TamperingLinks(Links):
+    """Upstream subscriptions whose objects a :class:`TamperingRelay` corrupts."""
+
+    def __init__(self, relay: TamperingRelay) -> None:
+        super().__init__(relay)
+        self.evil = relay
+
+    def on_object(self, link: Link, e: ev.ObjectReceived) -> None:
         key = (link.track.name, e.record.group_id, e.record.object_id)
-        if key in self.drop:
+        if key in self.evil.drop:
             return
-        if key in self.flip:
+        if key in self.evil.flip:
             bad = bytearray(e.record.payload)
             bad[-1] ^= 0x40
             e.record.payload = memoryview(bytes(bad))
-        if key in self.swap:
-            e.record.payload = memoryview(self.swap[key])
-        super()._on_object(link, e)
+        if key in self.evil.swap:
+            e.record.payload = memoryview(self.evil.swap[key])
+        super().on_object(link, e)
 
 
 async def _publish(net: LocalNet, relay: Relay, seed: int,

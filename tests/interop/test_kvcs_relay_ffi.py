@@ -9,6 +9,7 @@ peer SETUP (moq-ffi's implementation string and its unknown/GREASE options).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -16,9 +17,9 @@ pytest.importorskip("moq")
 
 from moq_helpers import collect_track, make_groups, publish_track
 
-from kvcs.endpoint import Endpoint
 from kvcs.relay import Relay, RelayConfig
-from kvcs.transport import ALPN_MOQT, DevCertificate, QuicSettings
+from kvcs.relay.session import RelaySession
+from kvcs.transport import ALPN_MOQT, DevCertificate, MoqtConnection, QuicSettings
 
 pytestmark = pytest.mark.interop
 
@@ -28,15 +29,16 @@ BIG = (40, 10)  # (group, object) carrying a 1 MiB payload
 
 
 class RecordingRelay(Relay):
-    """A relay that keeps every accepted session's Endpoint for inspection."""
+    """A relay that keeps every accepted session for inspection."""
 
     def __init__(self, *args: object, **kw: object) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.accepted: list[Endpoint] = []
+        self.accepted: list[RelaySession] = []
 
-    def _on_endpoint(self, ep: Endpoint) -> None:
-        self.accepted.append(ep)
-        super()._on_endpoint(ep)
+    def new_session(self, conn: MoqtConnection, **kw: Any) -> RelaySession:
+        session = super().new_session(conn, **kw)
+        self.accepted.append(session)
+        return session
 
 
 

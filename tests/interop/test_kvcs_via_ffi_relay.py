@@ -145,8 +145,8 @@ async def test_live_late_join_and_fetch(server: FfiServer) -> None:
         # REQUEST_OK and stays open (unanswered, the server re-announces: one request each)
         await asyncio.sleep(0.3)
         for ep in (pub, sub_ep, late_ep):
-            assert list(ep._ns_watchers.values()) == [()]
-            for rid in ep._ns_watchers:
+            assert list(ep.namespace_watches.values()) == [()]
+            for rid in ep.namespace_watches:
                 req = ep.session.subscription_info(rid)
                 assert isinstance(req.message, SubscribeNamespace)
                 assert req.responded and req.established and not req.finished

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kvcs.endpoint import Endpoint
+from kvcs.moqt import events as ev
 from kvcs.moqt.wire import AuthToken, LocationFilter, ObjectStatus, Parameters
 from kvcs.relay import Authorizer, Relay
 from kvcs.testing import LocalNet
@@ -16,11 +17,20 @@ from kvcs.transport import DevCertificate, QuicSettings
 SETTINGS = QuicSettings.loopback()
 
 
-
-
 def token(value: bytes) -> tuple[AuthToken, ...]:
     """A USE_VALUE token as our clients send it."""
     return (AuthToken(3, token_type=0, value=value),)
+
+
+class SilentEndpoint(Endpoint):
+    """A publisher that takes every request of its peer and never answers it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[ev.RequestReceived] = []
+
+    def handle_request(self, e: ev.RequestReceived) -> None:
+        self.requests.append(e)
 
 
 class Env(LocalNet):

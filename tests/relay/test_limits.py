@@ -12,7 +12,7 @@ from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectS
 from kvcs.relay.cache import exact_payload
 from kvcs.testing import until
 
-from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
+from .conftest import NEXT, WHOLE, Env, SilentEndpoint, end_track, payload, publish_group
 
 NS = (b"kvcs-1", b"\xaa" * 16)
 
@@ -66,11 +66,10 @@ async def test_eviction_by_bytes_lru(env: Env) -> None:
 
 async def test_too_many_fetches_is_excessive_load(env: Env) -> None:
     relay = await env.relay(max_fetches_per_session=2)
-    pub = await env.client(relay)
-    await pub.announce(NS)
     # the publisher never answers: each fetch the relay accepts stays open upstream (a
     # finished fetch would free its slot before the third one arrives)
-    pub.request_handler = lambda ep, e: True
+    pub = await env.client(relay, endpoint_class=SilentEndpoint)
+    await pub.announce(NS)
     c = await env.client(relay)
     tasks = [asyncio.create_task(c.fetch(NS, b"t", location_filter=LocationFilter.none()))
              for _ in range(3)]

@@ -7,6 +7,7 @@ A server (:func:`serve_endpoints`) accepts raw QUIC (``moqt://``) and WebTranspo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.hosting import TrackHost
+from kvcs.moqt import events as ev
 from kvcs.moqt.errors import SessionCode
 from kvcs.moqt.wire import (
     Location,
@@ -54,19 +57,26 @@ class Srv:
         return ep, peer
 
 
-
-
-@pytest.fixture
-async def srv(cert: DevCertificate) -> AsyncIterator[Srv]:
+@contextlib.asynccontextmanager
+async def serving(cert: DevCertificate,
+                  endpoint_class: type[Endpoint] = Endpoint) -> AsyncIterator[Srv]:
+    """A server whose sessions are ``endpoint_class`` endpoints, closed on exit."""
     eps: list[Endpoint] = []
     server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=str(cert.certfile),
-                                   keyfile=str(cert.keyfile), settings=SETTINGS)
+                                   keyfile=str(cert.keyfile), settings=SETTINGS,
+                                   endpoint_class=endpoint_class)
     try:
         yield Srv(server.port, eps, cert)
     finally:
         for ep in eps:
             ep.close()
         await server.aclose()
+
+
+@pytest.fixture
+async def srv(cert: DevCertificate) -> AsyncIterator[Srv]:
+    async with serving(cert) as s:
+        yield s
 
 
 async def _close(*eps: Endpoint) -> None:
@@ -215,31 +225,33 @@ async def test_fetch_group_range_and_objectid_filter(srv: Srv) -> None:
     await _close(sub_ep)
 
 
-async def test_fetch_stream_before_fetch_ok(srv: Srv) -> None:
+class _StreamBeforeOk(Endpoint):
+    """Answers a FETCH with its whole fetch stream first and FETCH_OK 0.2 s later."""
+
+    def handle_request(self, e: ev.RequestReceived) -> None:
+        rid = e.request_id
+        sid = self.session.open_fetch_stream(rid)
+        for o in range(3):
+            self.session.write_fetch_object(sid, 0, 0, o, 128, bytes([o]) * 500)
+        self.session.end_data_stream(sid)
+        self.flush()
+        # FETCH_OK only once the client has the whole stream
+        asyncio.get_running_loop().call_later(
+            0.2, lambda: (self.session.fetch_ok(rid, Location(0, 2)), self.flush()))
+
+
+async def test_fetch_stream_before_fetch_ok(cert: DevCertificate) -> None:
     """Streams are not ordered: a whole fetch stream (FIN included) may arrive before
     FETCH_OK on the request stream. The objects are kept and fetch() still returns."""
-    sub_ep, pub = await srv.connect("moqt")
-    loop = asyncio.get_running_loop()
-
-    def handler(ep: Endpoint, e: object) -> bool:
-        rid = e.request_id  # type: ignore[attr-defined]
-        sid = ep.session.open_fetch_stream(rid)
-        for o in range(3):
-            ep.session.write_fetch_object(sid, 0, 0, o, 128, bytes([o]) * 500)
-        ep.session.end_data_stream(sid)
-        ep.flush()
-        # FETCH_OK only once the client has the whole stream
-        loop.call_later(0.2, lambda: (ep.session.fetch_ok(rid, Location(0, 2)), ep.flush()))
-        return True
-
-    pub.request_handler = handler
-    res = await sub_ep.fetch(NS, b"reordered",
-                             location_filter=LocationFilter.absolute_group_end(0, 0, 0))
-    assert res.ok is not None and res.ok.end_location == Location(0, 2)
-    objs = await res.collect(5)
-    assert [(o.object_id, bytes(o.payload)) for o in objs] == [
-        (o, bytes([o]) * 500) for o in range(3)]
-    await _close(sub_ep)
+    async with serving(cert, _StreamBeforeOk) as srv:
+        sub_ep, _pub = await srv.connect("moqt")
+        res = await sub_ep.fetch(NS, b"reordered",
+                                 location_filter=LocationFilter.absolute_group_end(0, 0, 0))
+        assert res.ok is not None and res.ok.end_location == Location(0, 2)
+        objs = await res.collect(5)
+        assert [(o.object_id, bytes(o.payload)) for o in objs] == [
+            (o, bytes([o]) * 500) for o in range(3)]
+        await _close(sub_ep)
 
 
 # ----------------------------------------------------------------- namespaces
@@ -260,6 +272,48 @@ async def test_subscribe_namespace_existing_and_new(srv: Srv) -> None:
     assert watch.current == {(b"kv", b"b", b"c")}
     await watch.cancel()
     await _close(sub_ep)
+
+
+async def test_track_host_serves_one_origin_to_every_session(cert: DevCertificate) -> None:
+    """A TrackHost's sessions share its origin: its tracks, its namespaces, and each
+    watcher gets NAMESPACE / NAMESPACE_DONE whichever session it came on."""
+    host = TrackHost()
+    server = await host.listen("127.0.0.1", 0, certfile=str(cert.certfile),
+                               keyfile=str(cert.keyfile), settings=SETTINGS)
+    url = f"moqt://127.0.0.1:{server.port}/"
+    try:
+        await host.announce((b"kv", b"a"))
+        a, b = [await Endpoint.connect(url, cafile=str(cert.certfile), settings=SETTINGS)
+                for _ in range(2)]
+        wa = await a.subscribe_namespace((b"kv",))
+        wb = await b.subscribe_namespace(())
+        assert await wa.next(5) == (True, (b"kv", b"a"))
+        assert await wb.next(5) == (True, (b"kv", b"a"))
+        await host.announce((b"kv", b"b"))
+        assert await wa.next(5) == (True, (b"kv", b"b"))
+        assert await wb.next(5) == (True, (b"kv", b"b"))
+        track = host.create_track((b"kv", b"b"), b"t")
+        subs = [await ep.subscribe((b"kv", b"b"), b"t",
+                                   location_filter=LocationFilter.next_object())
+                for ep in (a, b)]
+        host.publish(track, 0, 0, b"one object for both")
+        for sub in subs:
+            obj = await asyncio.wait_for(sub.__anext__(), 5)
+            assert bytes(obj.payload) == b"one object for both"
+        served = list(host.endpoints)
+        a.close()
+        await a.wait_closed()
+        await until(lambda: len(host.endpoints) == 1)
+        (gone,) = [ep for ep in served if ep not in host.endpoints]
+        await until(lambda: gone.is_closed)
+        assert host.origin.watches(gone) == {}  # its watch left the shared origin
+        host.withdraw((b"kv", b"a"))
+        assert await wb.next(5) == (False, (b"kv", b"a"))
+        assert [len(ep.namespace_watches) for ep in host.endpoints] == [1]
+        assert len(server.connections) == 1
+        await _close(b)
+    finally:
+        await host.aclose()
 
 
 # ---------------------------------------------------------------- misbehaviour

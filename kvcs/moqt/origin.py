@@ -1,0 +1,181 @@
+"""What a MOQT application offers its peers: tracks and published namespaces (sans-IO).
+
+An :class:`Origin` is shared by every session that serves it (one endpoint, all sessions
+of a :class:`~kvcs.hosting.TrackHost`, all sessions of a relay). It holds
+
+* the tracks by Full Track Name (:meth:`create_track`, :meth:`track`), and
+* a namespace table: which *publication* (a session and the Request ID of its
+  PUBLISH_NAMESPACE, or the application itself) makes a namespace available, and which
+  *watch* (a session and the Request ID of its peer's SUBSCRIBE_NAMESPACE) looks at which
+  prefix.
+
+The table does no I/O. :meth:`publish`, :meth:`withdraw` and :meth:`watch` return the
+NAMESPACE / NAMESPACE_DONE messages to send as :class:`NamespaceNotice` values, and the
+caller sends each on the notice's session. A namespace is available while at least one
+publication holds it: several publishers of one namespace (two sessions of a relay, or a
+session and the upstream relay) give a watcher one NAMESPACE, then one NAMESPACE_DONE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .track import FullTrackName, Track
+from .wire import Properties, TrackNamespace, namespace_has_prefix
+
+S = TypeVar("S", bound=Hashable)
+"""The sessions (endpoints, relay sessions) that publish and watch."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceNotice(Generic[S]):
+    """Send NAMESPACE (``active``) or NAMESPACE_DONE for ``namespace`` on the
+    SUBSCRIBE_NAMESPACE ``request_id`` of ``session``."""
+
+    session: S
+    request_id: int
+    namespace: TrackNamespace
+    active: bool
+
+
+class Origin(Generic[S]):
+    """Tracks and namespace table of one application; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[FullTrackName, Track] = {}
+        """Tracks by (namespace, name)."""
+        self._publications: dict[TrackNamespace, list[tuple[S | None, int]]] = {}
+        self._published: dict[S | None, dict[tuple[int, TrackNamespace], None]] = {}
+        self._watches: dict[S, dict[int, TrackNamespace]] = {}
+
+    # ------------------------------------------------------------------ tracks
+
+    def track(self, namespace: TrackNamespace, name: bytes) -> Track | None:
+        """The track ``(namespace, name)``, or None."""
+        return self.tracks.get((tuple(namespace), bytes(name)))
+
+    def create_track(self, namespace: TrackNamespace, name: bytes,
+                     properties: Properties = ()) -> Track:
+        """The origin track ``(namespace, name)``, created on first use."""
+        key = (tuple(namespace), bytes(name))
+        track = self.tracks.get(key)
+        if track is None:
+            track = self.tracks[key] = Track(namespace, name, properties, origin=True)
+        return track
+
+    def add_track(self, track: Track) -> None:
+        """Offer an existing track (e.g. one shared with another origin)."""
+        self.tracks[track.full_name] = track
+
+    # ------------------------------------------------------------------ publications
+
+    @property
+    def namespaces(self) -> list[TrackNamespace]:
+        """The available namespaces, in the order they were first published."""
+        return list(self._publications)
+
+    def publish(self, namespace: TrackNamespace, session: S | None = None,
+                request_id: int = 0) -> list[NamespaceNotice[S]]:
+        """Record a publication of ``namespace`` (by ``session``'s PUBLISH_NAMESPACE
+        ``request_id``, or by the application: no session). Returns the NAMESPACE notices
+        for the watchers if the namespace was not available before."""
+        ns = tuple(namespace)
+        pubs = self._publications.get(ns)
+        key = (session, request_id)
+        if pubs is not None and key in pubs:
+            return []
+        self._published.setdefault(session, {})[request_id, ns] = None
+        if pubs is not None:
+            pubs.append(key)
+            return []
+        self._publications[ns] = [key]
+        return self._notices(ns, True)
+
+    def withdraw(self, namespace: TrackNamespace, session: S | None = None,
+                 request_id: int = 0) -> list[NamespaceNotice[S]]:
+        """End a publication; returns the NAMESPACE_DONE notices if it was the last one
+        holding the namespace."""
+        ns = tuple(namespace)
+        pubs = self._publications.get(ns)
+        key = (session, request_id)
+        if pubs is None or key not in pubs:
+            return []
+        pubs.remove(key)
+        mine = self._published[session]
+        del mine[request_id, ns]
+        if not mine:
+            del self._published[session]
+        if pubs:
+            return []
+        del self._publications[ns]
+        return self._notices(ns, False)
+
+    def withdraw_all(self, session: S | None,
+                     request_id: int | None = None) -> list[NamespaceNotice[S]]:
+        """End every publication of ``session`` (e.g. it closed), or those of its request
+        ``request_id`` (e.g. an upstream SUBSCRIBE_NAMESPACE whose NAMESPACEs they were)."""
+        notices: list[NamespaceNotice[S]] = []
+        for rid, ns in self.publications(session):
+            if request_id is None or rid == request_id:
+                notices += self.withdraw(ns, session, rid)
+        return notices
+
+    def publications(self, session: S | None) -> list[tuple[int, TrackNamespace]]:
+        """(Request ID, namespace) of every publication of ``session``."""
+        return list(self._published.get(session, ()))
+
+    def publishers(self, namespace: TrackNamespace) -> list[S | None]:
+        """Who publishes exactly ``namespace`` (None: the application), oldest first."""
+        return [session for session, _rid in self._publications.get(tuple(namespace), ())]
+
+    def publisher(self, namespace: TrackNamespace,
+                  accept: Callable[[S], bool] = lambda _s: True) -> S | None:
+        """The session that publishes the longest (field-wise) prefix of ``namespace``
+        (the latest of several), among those ``accept`` takes; None if there is none."""
+        ns = tuple(namespace)
+        for n in range(len(ns), -1, -1):
+            for session in reversed(self.publishers(ns[:n])):
+                if session is not None and accept(session):
+                    return session
+        return None
+
+    # ------------------------------------------------------------------ watches
+
+    def watch(self, session: S, request_id: int,
+              prefix: TrackNamespace) -> list[NamespaceNotice[S]]:
+        """Record a SUBSCRIBE_NAMESPACE of ``session``'s peer; returns a NAMESPACE notice
+        for every available namespace under ``prefix``."""
+        prefix = tuple(prefix)
+        self._watches.setdefault(session, {})[request_id] = prefix
+        return [NamespaceNotice(session, request_id, ns, True)
+                for ns in self._publications if namespace_has_prefix(ns, prefix)]
+
+    def unwatch(self, session: S, request_id: int) -> TrackNamespace | None:
+        """Forget a watch (its request ended: nothing is sent); returns its prefix, or
+        None if there was no such watch."""
+        mine = self._watches.get(session)
+        if mine is None or request_id not in mine:
+            return None
+        prefix = mine.pop(request_id)
+        if not mine:
+            del self._watches[session]
+        return prefix
+
+    def watches(self, session: S) -> dict[int, TrackNamespace]:
+        """The prefixes ``session``'s peer watches, by Request ID (a copy)."""
+        return dict(self._watches.get(session, {}))
+
+    def is_watched(self, prefix: TrackNamespace) -> bool:
+        """True if some watch is on exactly ``prefix``."""
+        prefix = tuple(prefix)
+        return any(p == prefix for mine in self._watches.values() for p in mine.values())
+
+    def _notices(self, ns: TrackNamespace, active: bool) -> list[NamespaceNotice[S]]:
+        return [NamespaceNotice(session, rid, ns, active)
+                for session, mine in self._watches.items()
+                for rid, prefix in mine.items() if namespace_has_prefix(ns, prefix)]
+
+
+__all__ = ["NamespaceNotice", "Origin"]

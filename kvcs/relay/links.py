@@ -1,0 +1,306 @@
+"""The relay's upstream subscriptions: at most one :class:`Link` per track.
+
+The first request that needs a track the cache cannot answer alone opens a link: ONE
+SUBSCRIBE to the track's source (a publishing session or the upstream relay) with the
+exactly-once pattern, Next Object plus a fill of everything the cache does not know yet.
+Its objects go into the cached :class:`~kvcs.moqt.track.Track`, from which every
+downstream session's TrackServer serves. Requests that arrive before SUBSCRIBE_OK wait on
+the link; when it ends the track is complete (End of Track and the fill are in), or the
+relay drops what it cannot vouch for and ends the downstream requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..auth import render_namespace
+from ..moqt import events as ev
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
+from ..moqt.track import CachedObject, FullTrackName, ImmutabilityError, Track
+from ..moqt.wire import (
+    END_OF_NON_EXISTENT_RANGE,
+    GroupOrder,
+    Location,
+    LocationFilter,
+    Parameters,
+)
+from .cache import exact_payload
+from .session import RelaySession, request_kind
+
+if TYPE_CHECKING:
+    from .relay import Relay
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Link:
+    """The one upstream subscription feeding a cached track."""
+
+    key: FullTrackName
+    source: RelaySession
+    track: Track
+    request_id: int = -1
+    established: bool = False
+    fill_end: Location | None = None
+    fill_pending: bool = False
+    fill_ended_early: bool = False
+    """The fill stream ended before SUBSCRIBE_OK arrived (streams are not ordered)."""
+    unknown_ranges: bool = False
+    lost: bool = False
+    waiting: list[tuple[RelaySession, ev.RequestReceived]] = field(default_factory=list)
+    downstream: dict[tuple[int, int], RelaySession] = field(default_factory=dict)
+    streams: dict[int, tuple[int, int]] = field(default_factory=dict)
+    idle_handle: asyncio.TimerHandle | None = None
+    closed: bool = False
+
+
+class Links:
+    """The upstream subscriptions of one relay, by track; see the module docstring."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self._by_track: dict[FullTrackName, Link] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_track)
+
+    def get(self, key: FullTrackName) -> Link | None:
+        """The link of track ``key``, if one is open."""
+        return self._by_track.get(key)
+
+    def all(self) -> list[Link]:
+        """Every open link."""
+        return list(self._by_track.values())
+
+    def feeding(self, track: Track) -> Link | None:
+        """The link that feeds exactly this cached track object."""
+        link = self._by_track.get(track.full_name)
+        return link if link is not None and link.track is track else None
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self, key: FullTrackName, source: RelaySession, track: Track | None) -> Link:
+        """SUBSCRIBE upstream for ``key`` (fill from the first Location not cached)."""
+        if track is None:
+            track = Track(key[0], key[1], origin=False)
+            self.relay.cache.put(track)
+        link = Link(key, source, track)
+        start = first_unknown(track)
+        fill_lf = LocationFilter.none() if start == Location(0, 0) else \
+            LocationFilter.absolute_start(start.group, start.object)
+        p = source.request_params()
+        p.location_filter = LocationFilter.next_object()
+        # ascending: the fill stream then tells, object by object, that every Location
+        # before the one received is known (see on_object)
+        p.fill = Parameters(location_filter=fill_lf, group_order=GroupOrder.ASCENDING)
+        p.forward = 1
+        link.fill_end = start  # provisional; the real end is LARGEST_OBJECT of the OK
+        link.request_id = source.session.subscribe(key[0], key[1], p)
+        self._by_track[key] = link
+        source.feeds[link.request_id] = link
+        source.schedule_flush()
+        log.info("upstream SUBSCRIBE %s/%r via session %d (fill from %s)",
+                 render_namespace(key[0]), key[1], source.id, start)
+        return link
+
+    # ------------------------------------------------------------------ events
+
+    def on_object(self, link: Link, e: ev.ObjectReceived) -> None:
+        """An object of the upstream subscription: into the cached track."""
+        r = e.record
+        track = link.track
+        prio = r.publisher_priority
+        if prio is None:
+            prio = track.default_priority
+        obj = CachedObject(r.group_id, r.object_id, r.subgroup_id, prio, r.status,
+                           r.properties, exact_payload(r.payload))
+        if e.fill_id is None and e.stream_id >= 0:
+            link.streams[e.stream_id] = (r.group_id, r.subgroup_id)
+        for p in link.downstream.values():
+            p.schedule_flush()
+        try:
+            added = track.add(obj)
+        except ImmutabilityError as exc:
+            self.relay.close_session(link.source, SessionCode.PROTOCOL_VIOLATION, str(exc))
+            return
+        if e.fill_id is not None and not link.unknown_ranges:
+            # The fill stream is in ascending order: every Location before this object is
+            # now known (absent if not received). Settling at each new group lets FETCH
+            # and fill cursors downstream move on while the fill is still running,
+            # instead of stalling at the first group boundary until the fill ends.
+            s = track.settled_until
+            if s is None or r.group_id > s.group:
+                track.settle(Location(r.group_id, r.object_id))
+        n = len(r.payload)
+        metrics = self.relay.metrics
+        metrics.inc("kvcs_relay_objects_in_total")
+        metrics.inc("kvcs_relay_bytes_in_total", n)
+        if added:
+            self.relay.cache.added(n)
+
+    def on_event(self, link: Link, e: ev.Event) -> None:
+        """Any other event of the upstream subscription."""
+        track = link.track
+        if isinstance(e, ev.SubscribeAccepted):
+            link.established = True
+            msg = e.message
+            if msg.track_properties:
+                track.properties = tuple(msg.track_properties)
+            largest = msg.params.largest_object
+            if largest is not None and (track.largest is None or largest > track.largest):
+                track.largest = largest
+            start = link.fill_end or Location(0, 0)
+            link.fill_end = largest
+            if largest is None or start > largest or link.fill_ended_early:
+                # empty fill range (no fill stream), or the fill already came in
+                link.fill_pending = False
+                if largest is not None and not link.lost and not link.unknown_ranges:
+                    track.settle(largest)
+            else:
+                link.fill_pending = True
+            waiting, link.waiting = link.waiting, []
+            for p, req in waiting:
+                p.waiting.pop(req.request_id, None)
+                if not p.is_closed:
+                    self.relay.serve(p, req, track, link)
+            self.maybe_idle(link)
+        elif isinstance(e, ev.DataStreamEnded):
+            if e.fill_id is not None:
+                link.fill_pending = False
+                if e.reset_code is not None or link.unknown_ranges:
+                    link.lost = True
+                elif not link.established:
+                    link.fill_ended_early = True  # SUBSCRIBE_OK settles the range
+                elif link.fill_end is not None:
+                    track.settle(link.fill_end)
+            else:
+                key = link.streams.pop(e.stream_id, None)
+                if e.reset_code is not None:
+                    link.lost = True
+                elif key is not None:
+                    track.close_subgroup(*key)
+            for p in link.downstream.values():
+                p.schedule_flush()
+        elif isinstance(e, ev.RangeMarkerReceived):
+            if e.marker.kind != END_OF_NON_EXISTENT_RANGE:
+                link.unknown_ranges = True
+        elif isinstance(e, ev.SubscriptionEnded):
+            done = e.message
+            if done.status == PublishDoneCode.TRACK_ENDED and not link.lost \
+                    and not link.unknown_ranges and not link.fill_pending:
+                self._retire(link)
+                track.finish()
+                log.info("track %r complete (%d objects, %d bytes)", track.name, track.count,
+                         track.bytes)
+                for p in list(link.downstream.values()):
+                    p.schedule_flush()
+            else:
+                self.lost(link, done.status, done.reason or "upstream ended")
+        elif isinstance(e, ev.RequestRejected):
+            if e.update_id is None:
+                self._failed(link, e.message.code, e.message.reason)
+        elif isinstance(e, ev.RequestFailed):
+            self._failed(link, RequestErrorCode.INTERNAL_ERROR, e.reason)
+
+    # ------------------------------------------------------------------ endings
+
+    def source_closed(self, source: RelaySession) -> None:
+        """The session feeding some links ended."""
+        for link in [lk for lk in self._by_track.values() if lk.source is source]:
+            self.lost(link, PublishDoneCode.GOING_AWAY, "publisher went away")
+
+    def _reject_waiting(self, link: Link, code: int, reason: str) -> None:
+        for p, req in link.waiting:
+            p.waiting.pop(req.request_id, None)
+            p.fetches.discard(req.request_id)
+            self.relay.reject(p, req.request_id, request_kind(req.message), code, reason)
+        link.waiting.clear()
+
+    def _failed(self, link: Link, code: int, reason: str) -> None:
+        if link.established:
+            self.lost(link, PublishDoneCode.INTERNAL_ERROR, reason)
+            return
+        self._retire(link)
+        self._reject_waiting(link, code, f"upstream: {reason}")
+        if not link.track.count:
+            self.relay.cache.forget(link.track)
+
+    def lost(self, link: Link, status: int, reason: str) -> None:
+        """The upstream subscription ended before the track was complete."""
+        self._retire(link)
+        self._reject_waiting(link, RequestErrorCode.INTERNAL_ERROR, f"upstream: {reason}")
+        track = link.track
+        if track.complete:
+            return
+        code = (PublishDoneCode.GOING_AWAY if status == PublishDoneCode.GOING_AWAY
+                else PublishDoneCode.INTERNAL_ERROR)
+        for (_sid, rid), p in list(link.downstream.items()):
+            p.abort_served(rid, code, reason)
+        link.downstream.clear()
+        # we cannot state the completeness of what is cached honestly: drop it
+        self.relay.cache.forget(track)
+        log.info("dropped incomplete track %r: %s", track.name, reason)
+
+    def _retire(self, link: Link) -> None:
+        if link.closed:
+            return
+        link.closed = True
+        if link.idle_handle is not None:
+            link.idle_handle.cancel()
+        if self._by_track.get(link.key) is link:
+            del self._by_track[link.key]
+        link.source.feeds.pop(link.request_id, None)
+
+    def cancel(self, link: Link) -> None:
+        """Unsubscribe upstream; the cached objects stay (what is known stays known)."""
+        self._retire(link)
+        if not link.source.is_closed:
+            link.source.session.cancel(link.request_id)
+            link.source.schedule_flush()
+        log.info("upstream subscription for %r released", link.track.name)
+
+    def evicted(self, link: Link) -> None:
+        """The cache evicted the link's track: unsubscribe, refuse who still waits."""
+        self.cancel(link)
+        self._reject_waiting(link, RequestErrorCode.EXCESSIVE_LOAD, "cache full")
+        for p in link.downstream.values():
+            p.schedule_flush()
+
+    def maybe_idle(self, link: Link) -> None:
+        """Release the link once nobody needs it (after ``upstream_linger`` seconds)."""
+        if link.closed or link.downstream or link.waiting or not link.established:
+            return
+        if link.idle_handle is not None:
+            link.idle_handle.cancel()
+        linger = self.relay.config.upstream_linger
+        if linger <= 0:
+            self._release_idle(link)
+        else:
+            link.idle_handle = asyncio.get_running_loop().call_later(
+                linger, self._release_idle, link)
+
+    def _release_idle(self, link: Link) -> None:
+        link.idle_handle = None
+        if link.closed or link.downstream or link.waiting:
+            return
+        self.cancel(link)
+
+
+def first_unknown(track: Track) -> Location:
+    """First Location whose status the cached track does not know."""
+    if track.complete:
+        return Location(0, 0) if track.largest is None else Location(
+            track.largest.group + 1, 0)
+    g = 0
+    for gid in track.group_ids():
+        if gid != g or not track.group_closed(gid):
+            break
+        g += 1
+    s = track.settled_until
+    if s is not None and s.group >= g:
+        return Location(s.group, s.object + 1)
+    return Location(g, 0)

@@ -1,0 +1,134 @@
+"""The relay's namespaces: who publishes what, who watches which prefix, and the upstream.
+
+Local publishers (PUBLISH_NAMESPACE of a session) and the namespaces the upstream relay
+announces (NAMESPACE on the relay's own SUBSCRIBE_NAMESPACE) are publications in one
+:class:`~kvcs.moqt.origin.Origin`; the sessions' SUBSCRIBE_NAMESPACE requests are its
+watches, so every watcher gets one NAMESPACE / NAMESPACE_DONE per change whatever its
+sources. A prefix watched downstream is watched upstream by ONE SUBSCRIBE_NAMESPACE,
+cancelled when its last watcher goes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..auth import render_namespace
+from ..endpoint import send_namespace_notices
+from ..moqt import events as ev
+from ..moqt.origin import Origin
+from ..moqt.wire import TrackNamespace
+from .session import RelaySession
+
+log = logging.getLogger(__name__)
+
+
+class Namespaces:
+    """Namespace table and routing of one relay; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.origin: Origin[RelaySession] = Origin()
+        self.upstream: RelaySession | None = None
+        """The session to the upstream relay, while it is open."""
+        self._upstream_watches: dict[TrackNamespace, int] = {}  # prefix -> upstream rid
+
+    # ------------------------------------------------------------------ routing
+
+    def source(self, namespace: TrackNamespace) -> RelaySession | None:
+        """Where requests for a track in ``namespace`` go: the session publishing the
+        longest prefix of it, else the upstream relay, else None."""
+        local = self.origin.publisher(namespace,
+                                      lambda s: not s.upstream and not s.is_closed)
+        if local is not None:
+            return local
+        up = self.upstream
+        return up if up is not None and not up.is_closed else None
+
+    def local_publishers(self) -> dict[TrackNamespace, list[RelaySession]]:
+        """The namespaces published by the relay's sessions, with their publishers."""
+        out: dict[TrackNamespace, list[RelaySession]] = {}
+        for ns in self.origin.namespaces:
+            local = [s for s in self.origin.publishers(ns) if s is not None and not s.upstream]
+            if local:
+                out[ns] = local
+        return out
+
+    def open_requests(self, session: RelaySession) -> int:
+        """PUBLISH_NAMESPACE and SUBSCRIBE_NAMESPACE requests ``session``'s peer has open."""
+        return len(self.origin.publications(session)) + len(self.origin.watches(session))
+
+    # ------------------------------------------------------------------ publishers
+
+    def publish(self, session: RelaySession, request_id: int, namespace: TrackNamespace) -> None:
+        """``session``'s peer publishes ``namespace`` (its PUBLISH_NAMESPACE was accepted)."""
+        log.info("session %d publishes %s", session.id, render_namespace(namespace))
+        send_namespace_notices(self.origin.publish(namespace, session, request_id))
+
+    def withdraw(self, session: RelaySession, request_id: int) -> bool:
+        """End the publication of request ``request_id``; False if it is none."""
+        for rid, ns in self.origin.publications(session):
+            if rid == request_id:
+                log.info("session %d withdrew %s", session.id, render_namespace(ns))
+                send_namespace_notices(self.origin.withdraw(ns, session, rid))
+                return True
+        return False
+
+    # ------------------------------------------------------------------ watchers
+
+    def watch(self, session: RelaySession, request_id: int, prefix: TrackNamespace) -> None:
+        """``session``'s peer watches ``prefix`` (SUBSCRIBE_NAMESPACE accepted): it gets the
+        known namespaces now, and the upstream relay is asked about the prefix."""
+        send_namespace_notices(self.origin.watch(session, request_id, prefix))
+        up = self.upstream
+        prefix = tuple(prefix)
+        if up is None or up.is_closed or prefix in self._upstream_watches:
+            return
+        self._upstream_watches[prefix] = up.session.subscribe_namespace(
+            prefix, up.request_params())
+        up.schedule_flush()
+
+    def unwatch(self, session: RelaySession, request_id: int) -> bool:
+        """End the watch of request ``request_id``; False if it is none. The upstream
+        SUBSCRIBE_NAMESPACE of its prefix ends with the last watcher of that prefix."""
+        prefix = self.origin.unwatch(session, request_id)
+        if prefix is None:
+            return False
+        up = self.upstream
+        if up is None or self.origin.is_watched(prefix):
+            return True
+        up_rid = self._upstream_watches.pop(prefix, None)
+        if up_rid is not None:
+            up.session.cancel(up_rid)
+            up.schedule_flush()
+            send_namespace_notices(self.origin.withdraw_all(up, up_rid))
+        return True
+
+    # ------------------------------------------------------------------ events
+
+    def session_closed(self, session: RelaySession) -> None:
+        """Drop the watches and publications of a session that ended."""
+        for rid in self.origin.watches(session):
+            self.unwatch(session, rid)
+        for _rid, ns in self.origin.publications(session):
+            log.info("session %d withdrew %s", session.id, render_namespace(ns))
+        send_namespace_notices(self.origin.withdraw_all(session))
+        if session is self.upstream:
+            self.upstream = None
+            self._upstream_watches.clear()
+
+    def on_upstream_event(self, request_id: int, e: ev.Event) -> bool:
+        """Take an event of an upstream SUBSCRIBE_NAMESPACE; False if it is not one."""
+        up = self.upstream
+        if up is None or request_id not in self._upstream_watches.values():
+            return False
+        if isinstance(e, ev.NamespaceAnnounced):
+            send_namespace_notices(self.origin.publish(e.namespace, up, request_id))
+        elif isinstance(e, ev.NamespaceWithdrawn):
+            send_namespace_notices(self.origin.withdraw(e.namespace, up, request_id))
+        elif isinstance(e, ev.RequestRejected | ev.RequestFailed):
+            for prefix, rid in list(self._upstream_watches.items()):
+                if rid == request_id:
+                    del self._upstream_watches[prefix]
+            log.warning("upstream SUBSCRIBE_NAMESPACE failed: %s", e)
+        elif not isinstance(e, ev.RequestAccepted):
+            return False
+        return True

@@ -1,0 +1,113 @@
+"""One MOQT session of the relay: the state of its requests and the routing of its events.
+
+A :class:`RelaySession` is the relay's sibling of :class:`~kvcs.endpoint.Endpoint`: both
+are :class:`~kvcs.endpoint.BoundSession` (event pump, SETUP timeout, serving through a
+:class:`~kvcs.moqt.serving.TrackServer`, flushing). Where an endpoint answers from its own
+tracks, a relay session hands the peer's requests to the :class:`~kvcs.relay.Relay` and
+routes the answers and objects of the requests the relay made on it (upstream
+subscriptions, forwarded TRACK_STATUS, upstream SUBSCRIBE_NAMESPACE) to the relay's parts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..endpoint import BoundSession
+from ..moqt import events as ev
+from ..moqt.errors import StreamResetCode
+from ..moqt.wire import (
+    AuthToken,
+    Fetch,
+    Parameters,
+    PublishNamespace,
+    Subscribe,
+    SubscribeNamespace,
+    TrackStatus,
+)
+from ..transport import MoqtConnection
+
+if TYPE_CHECKING:
+    from .links import Link
+    from .relay import Relay
+
+_KINDS = {Subscribe: "subscribe", Fetch: "fetch", TrackStatus: "track_status",
+          PublishNamespace: "publish_namespace", SubscribeNamespace: "subscribe_namespace"}
+RELAYED_REQUESTS = frozenset(_KINDS.values())
+"""The request kinds the relay handles (metrics label ``type``)."""
+
+
+def request_kind(message: object) -> str:
+    """The metrics label of a request message (``subscribe``, ``fetch``, ...)."""
+    return _KINDS.get(type(message), type(message).__name__.lower())
+
+
+class RelaySession(BoundSession):
+    """One session of the relay: a downstream client, a publisher, or the upstream relay."""
+
+    def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
+                 upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
+        super().__init__(conn)
+        self.relay = relay
+        self.id = session_id
+        self.upstream = upstream
+        """The session to the upstream relay (its peer makes no requests of us)."""
+        self.request_tokens = request_tokens
+        """Authorization tokens the relay sends with its requests on this session."""
+        # requests the peer made of the relay
+        self.waiting: dict[int, Link] = {}  # request -> the upstream subscription it awaits
+        self.served: dict[int, Link | None] = {}  # request -> its link (None: cache/forward)
+        self.fetches: set[int] = set()
+        # requests the relay made on this session
+        self.feeds: dict[int, Link] = {}  # SUBSCRIBE -> the link it feeds
+        self.status_forwarded: dict[int, tuple[RelaySession, int]] = {}  # -> (asker, its rid)
+
+    def request_params(self) -> Parameters:
+        """Parameters for a request the relay makes on this session (its tokens)."""
+        return Parameters(auth_tokens=self.request_tokens)
+
+    def open_requests(self) -> int:
+        """Requests this session's peer has open with the relay."""
+        return (len(self.waiting) + len(self.served)
+                + self.relay.namespaces.open_requests(self))
+
+    def open_fetches(self) -> int:
+        """Fetches of this session's peer being served or waiting."""
+        return len(self.fetches)
+
+    def abort_served(self, request_id: int, status: int, reason: str) -> None:
+        """End a served subscription (PUBLISH_DONE ``status``) or fetch (stream reset)
+        before its track is complete."""
+        self.server.end_subscription(request_id, status, reason)
+        self.server.fail_fetch(request_id, StreamResetCode.INTERNAL_ERROR)
+        self.schedule_flush()
+
+    # ------------------------------------------------------------ BoundSession
+
+    def handle_request(self, e: ev.RequestReceived) -> None:
+        self.relay.on_request(self, e)
+
+    def handle_event(self, e: ev.Event) -> None:
+        relay = self.relay
+        if isinstance(e, ev.ObjectReceived):
+            link = self.feeds.get(e.request_id)
+            if link is not None:
+                relay.links.on_object(link, e)
+            return
+        rid = getattr(e, "request_id", None)
+        if rid is None:
+            return
+        link = self.feeds.get(rid)
+        if link is not None:
+            relay.links.on_event(link, e)
+        elif rid in self.status_forwarded:
+            relay.on_status_answer(self, rid, e)
+        elif self.upstream and relay.namespaces.on_upstream_event(rid, e):
+            return
+        elif isinstance(e, ev.RequestCancelled):
+            relay.on_cancelled(self, rid)
+
+    def served_request_ended(self, request_id: int) -> None:
+        self.relay.on_served_done(self, request_id)
+
+    def session_ended(self, code: int, reason: str) -> None:
+        self.relay.on_session_closed(self, code, reason)
