@@ -19,13 +19,10 @@ Procedures (kvcs-draft "Consumer Procedures"):
   ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
   excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
   layer;
-* relay profiles (``relay_profile``): ``"kvcs"`` assumes a full draft-22 relay (the kvcs
-  relay) and falls back automatically where a request is refused (TRACK_STATUS ->
-  SUBSCRIBE's Largest Object, multi-group FETCH -> one FETCH per layer). ``"moq-dev"``
-  follows the limits of moq-dev/moq: no TRACK_STATUS, one group per FETCH, and fills only
-  inside the current group (a wider fill is accepted but silently delivers nothing), so a
-  live cache is SUBSCRIBEd with Next Object + a fill of the current group (Relative Start 1)
-  and the earlier layers are FETCHed one by one;
+* relay profiles (``relay_profile``, :mod:`kvcs.kvnet.relay_profile`): what the relay
+  supports decides how a data track is retrieved (``"kvcs"``: a full draft-22 relay, with
+  automatic fallbacks where a request is refused; ``"moq-dev"``: the limits of moq-dev/moq,
+  whose live and completed tracks are both followed from the current group);
 * every object is verified (header, Location, SHA-256, and the signed ``object_digests``
   when authenticity is required) and placed by a sans-IO
   :class:`~kvcs.kv.assembly.LayerAssembler`; a bad object is discarded and treated as
@@ -67,6 +64,7 @@ from ..kv.manifest import Manifest, Segment, check_namespace, segment_covers
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
+from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
     from .kvsp_http import KvspClient
@@ -83,10 +81,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 OBJECTID_FILTER = 0x26
-
-#: Values of ``KvConsumer(relay_profile=...)``: what the relay between consumer and
-#: publisher supports (see the module docstring).
-RELAY_PROFILES = ("kvcs", "moq-dev")
 
 
 class RecomputeRequired(KvcsError):
@@ -142,7 +136,7 @@ class KvConsumer:
         recompute_budget_s: float = 10.0,
         discovery_timeout: float = 0.1,
         on_progress: Callable[[str, int, int], None] | None = None,
-        relay_profile: str = "kvcs",
+        relay_profile: RelayProfile | str = "kvcs",
         http: KvspClient | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
@@ -164,10 +158,8 @@ class KvConsumer:
         self.recompute_budget_s = recompute_budget_s
         self.discovery_timeout = discovery_timeout
         self.on_progress = on_progress
-        if relay_profile not in RELAY_PROFILES:
-            raise ValueError(f"relay_profile must be one of {RELAY_PROFILES}, "
-                             f"got {relay_profile!r}")
-        self.relay_profile = relay_profile
+        self.relay_profile = RelayProfile.resolve(relay_profile)
+        """How data tracks are retrieved through the relay (:mod:`kvcs.kvnet.relay_profile`)."""
         self.compat_id = self.descriptor.compat_id
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
@@ -288,7 +280,7 @@ class KvConsumer:
     async def _largest(self, ep: Endpoint, pub: Publication, name: bytes) -> Location | None:
         """Largest Object of a track: TRACK_STATUS, or (relays without TRACK_STATUS, e.g.
         moq-dev/moq) the LARGEST_OBJECT of a SUBSCRIBE_OK that is cancelled at once."""
-        if self.relay_profile == "kvcs":
+        if self.relay_profile.track_status:
             try:
                 status = await ep.track_status(pub.fields, name)
                 return status.params.largest_object
@@ -471,7 +463,8 @@ class _Retrieval:
     async def run(self, alternates: Sequence[Publication]) -> AsyncIterator[KvLayer]:
         asm = self.assembler
         ep = self.c.endpoint
-        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), self.seg.complete))
+        retrieval = self.c.relay_profile.track_retrieval(self.seg.complete)
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
                  for kind, track in asm.tracks.items()]
         self.feeding = len(tasks)
         if asm.require_signed and not self.seg.complete:
@@ -545,15 +538,12 @@ class _Retrieval:
             ranges = [(wanted[0], wanted[-1])]
         return (RangeFilter(OBJECTID_FILTER, 0, tuple(ranges)),)
 
-    async def _feed(self, ep: Endpoint, kind: Component, name: str, completed: bool) -> None:
+    async def _feed(self, ep: Endpoint, kind: Component, name: str,
+                    retrieval: TrackRetrieval) -> None:
         try:
-            if self.c.relay_profile == "moq-dev":
-                # live or completed: the relay FETCHes earlier groups upstream only while
-                # it holds a subscription, and serves the current group only through a fill
-                await self._follow_current_group(ep, kind, name)
-            elif completed:
+            if retrieval is TrackRetrieval.FETCH:
                 await self._fetch_layers(ep, self.pub, kind, name, self.assembler.layers)
-            else:
+            elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
                 sub = await ep.subscribe(
                     self.pub.fields, name.encode(),
                     location_filter=LocationFilter.next_object(),
@@ -565,6 +555,8 @@ class _Retrieval:
                 finally:
                     if not sub.finished:
                         await sub.cancel()
+            else:
+                await self._follow_current_group(ep, kind, name)
         except (MoqtRequestError, ConnectionError) as exc:
             log.warning("retrieval of %s failed: %s", name, exc)
         finally:
@@ -572,7 +564,7 @@ class _Retrieval:
             self.ready.set()
 
     async def _follow_current_group(self, ep: Endpoint, kind: Component, name: str) -> None:
-        """A live track behind a relay that fills only inside the current group: SUBSCRIBE
+        """A track behind a relay that fills only inside the current group: SUBSCRIBE
         Next Object + a fill of the current group (Relative Start 1), and one FETCH per
         layer before the current one, while the subscription runs. Overlaps are harmless
         (duplicates are dropped); nothing is missed: the fill and the live part cover
@@ -605,20 +597,7 @@ class _Retrieval:
     async def _fetch_layers(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
                             layers: Sequence[int], blocks: Sequence[int] | None = None) -> None:
         rf = self._fetch_params(ep, blocks)
-        lay = list(layers)
-        if not lay:
-            return
-        spans: list[tuple[int, int]] = []
-        start = prev = lay[0]
-        for x in lay[1:]:
-            if x != prev + 1:
-                spans.append((start, prev))
-                start = x
-            prev = x
-        spans.append((start, prev))
-        if self.c.relay_profile == "moq-dev":  # one group per FETCH
-            spans = [(g, g) for a, b in spans for g in range(a, b + 1)]
-        for a, b in spans:
+        for a, b in self.c.relay_profile.fetch_spans(layers):
             try:
                 await self._fetch(ep, pub, kind, name, a, b, rf)
             except MoqtRequestError as exc:
