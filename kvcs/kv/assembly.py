@@ -205,6 +205,8 @@ class LayerAssembler:
             raise ValueError(f"layers must be a contiguous range within 0..{descriptor.layers}")
         if blocks < 1:
             raise ValueError(f"blocks = {blocks}: at least one block is needed")
+        if require_signed and not tracks:
+            raise ValueError("require_signed needs the tracks whose digests are signed")
         self.descriptor = descriptor
         self.layers = layers
         self.blocks = blocks
@@ -376,8 +378,10 @@ class LayerAssembler:
         signature was verified)."""
         for kind, track in self.tracks.items():
             seg = manifest.segment(track.segment or 0)
-            groups = None if seg is None or seg.object_digests is None else (
-                seg.object_digests.get(track.format()))
+            groups = None
+            # a listed group has one digest per block of the segment: enough for ours?
+            if seg is not None and seg.object_digests is not None and seg.blocks >= self.blocks:
+                groups = seg.object_digests.get(track.format())
             self._signed[kind] = groups or []
 
     def _listed(self, kind: Component, layer: int, block: int) -> bytes | None:

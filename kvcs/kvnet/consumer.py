@@ -450,8 +450,10 @@ class _Retrieval:
         self.ready = asyncio.Event()
         """Set when a layer may have become ready, or a feeder ended."""
         self.feeding = 0
+        """Feeders (one per selected track) still running."""
 
     def _take(self, kind: Component, obj: ReceivedObject) -> None:
+        """Give one received object to the assembler; wake the loop if a layer completed."""
         if obj.status != ObjectStatus.NORMAL:
             return
         outcome = self.assembler.accept(kind, obj.group_id, obj.object_id, obj.payload)

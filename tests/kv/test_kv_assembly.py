@@ -348,6 +348,17 @@ def test_signed_containers_confirmed_by_raw_digests() -> None:
     assert not signed_q8.accept_container(0, container(0))
 
 
+def test_signed_needs_tracks_and_a_manifest_of_this_segment() -> None:
+    with pytest.raises(ValueError, match="require_signed"):
+        LayerAssembler(DESC, range(LAYERS), BLOCKS, block_keys=KEYS, require_signed=True)
+    small = manifest(LAYERS)
+    small.segments[0].blocks = BLOCKS - 1  # lists fewer blocks than wanted: unusable
+    asm = assembler(require_signed=True)
+    asm.use_manifest(small)
+    feed_layer(asm, 0)
+    assert asm.pop_ready() == [] and asm.missing()[0] == [0, 1, 2, 3]
+
+
 def test_shared_stats() -> None:
     stats = AssemblyStats()
     for _ in range(2):
