@@ -349,7 +349,7 @@ class LayerAssembler:
             if c.token_start != start:
                 raise ContainerError(f"token start {c.token_start}, expected {start}")
             ks, vs = decode_container(c, d)
-        except ContainerError as exc:
+        except (VerificationError, ValueError) as exc:  # ContainerError, or zstd missing
             self.stats.rejected += 1
             log.warning("discarding KVSP container of block %d: %s", index, exc)
             return False
