@@ -1,17 +1,25 @@
-"""KV object model of kvcs: KVSP identifiers, track names, codecs, object payloads,
-manifests (plain and COSE-signed) and the KVSP container.
+"""The pure KV object model of kvcs: KVSP identifiers, component kinds and track names,
+codecs, object payloads, manifests (plain and COSE-signed), the KVSP container and block
+store, and the sans-IO :class:`LayerAssembler` that turns received objects and containers
+into verified layers.
 
-Pure functions and dataclasses; no network code and no asyncio.
+No asyncio, no sockets, no MOQT endpoint (tests/kv/test_kv_imports.py checks it): the
+publisher, the consumer and KVSP over HTTP, which move these bytes over the network, are
+:mod:`kvcs.kvnet`.
 """
 
+from .assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
 from .codecs import (
     CODECS,
+    decode_component,
     decode_kv,
     decode_section,
+    encode_component,
     encode_kv,
     encode_section,
     layer_digest,
 )
+from .component import Component
 from .container import Container, ContainerLayer, build_container, read_container, write_container
 from .cose import Keyring, ProducerKey, sign_manifest, verify_manifest
 from .dtypes import dtype_for
@@ -45,6 +53,7 @@ from .payload import (
     PayloadHeader,
     build_payload,
     build_payload_bytes,
+    data_digest,
     verify_payload,
 )
 from .tracks import TrackName
@@ -52,8 +61,10 @@ from .tracks import TrackName
 __all__ = [
     "CODECS",
     "HEADER_SIZE",
+    "AssemblyStats",
     "CodecError",
     "CompatDescriptor",
+    "Component",
     "Container",
     "ContainerError",
     "ContainerLayer",
@@ -61,10 +72,13 @@ __all__ = [
     "DigestError",
     "HeaderError",
     "Keyring",
+    "KvLayer",
     "KvcsError",
     "KvcsNamespace",
+    "LayerAssembler",
     "Manifest",
     "ManifestError",
+    "Outcome",
     "PayloadHeader",
     "ProducerKey",
     "ScopeKey",
@@ -82,9 +96,12 @@ __all__ = [
     "canonical_bytes",
     "check_namespace",
     "compat_id",
+    "data_digest",
+    "decode_component",
     "decode_kv",
     "decode_section",
     "dtype_for",
+    "encode_component",
     "encode_kv",
     "encode_section",
     "expected_digest",
@@ -93,6 +110,7 @@ __all__ = [
     "read_container",
     "scope_id",
     "segment_covers",
+    "select_tracks",
     "sign_manifest",
     "verify_manifest",
     "verify_payload",

@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .component import Component
 from .dtypes import DTYPE_NAMES, dtype_for, dtype_name
 from .errors import CodecError, UnsupportedCodecError
 
@@ -33,10 +34,12 @@ __all__ = [
     "Buffer",
     "codec_name",
     "codec_value",
+    "decode_component",
     "decode_kv",
     "decode_section",
     "decode_section_into",
     "decode_sections_into",
+    "encode_component",
     "encode_kv",
     "encode_section",
     "encode_sections",
@@ -412,3 +415,36 @@ def layer_digest(k_raw: Buffer, v_raw: Buffer) -> bytes:
     h = hashlib.sha256(k_raw)
     h.update(v_raw)
     return h.digest()
+
+
+def encode_component(
+    component: Component, codec: str | int, k_block: np.ndarray, v_block: np.ndarray
+) -> Buffer:
+    """The Data of a ``component`` object of one block: the K section, the V section, or
+    the joint ``kv`` Data (zero-copy for ``raw`` K or V, as :func:`encode_section`)."""
+    if component is Component.K:
+        return encode_section(codec, k_block)
+    if component is Component.V:
+        return encode_section(codec, v_block)
+    if component is Component.KV:
+        return encode_kv(codec, k_block, v_block)
+    raise TypeError(f"component must be a Component, got {component!r}")
+
+
+def decode_component(
+    component: Component,
+    codec: str | int,
+    data: Buffer,
+    dtype: np.dtype | type | str,
+    k_shape: tuple[int, int, int],
+    v_shape: tuple[int, int, int],
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Decode the Data of a ``component`` object into (K, V); the one a ``k`` or ``v``
+    object does not carry is None. Views of ``data`` for ``raw``, as :func:`decode_section`."""
+    if component is Component.K:
+        return decode_section(codec, data, dtype, k_shape), None
+    if component is Component.V:
+        return None, decode_section(codec, data, dtype, v_shape)
+    if component is Component.KV:
+        return decode_kv(codec, data, dtype, k_shape, v_shape)
+    raise TypeError(f"component must be a Component, got {component!r}")

@@ -30,6 +30,7 @@ __all__ = [
     "ContainerLayer",
     "build_container",
     "decode_container",
+    "max_container_size",
     "read_container",
     "write_container",
 ]
@@ -110,6 +111,14 @@ def build_container(
     return write_container(
         Container(value, desc.compat_id, block_key, token_start, desc.block_tokens, layers)
     )
+
+
+def max_container_size(desc: CompatDescriptor) -> int:
+    """The most octets a container of one block of ``desc`` can take: the ``raw`` size, plus
+    the worst-case expansion of ``zstd`` (a reader refuses larger responses)."""
+    sections = int(np.prod(desc.k_shape())) + int(np.prod(desc.v_shape()))
+    raw = _HEAD.size + desc.layers * (_LAYER.size + desc.dtype.itemsize * sections)
+    return raw + raw // 64 + 4096
 
 
 def read_container(

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from hashlib import sha256
 
 from .codecs import Buffer, codec_value
+from .component import Component
 from .errors import DigestError, HeaderError
-from .tracks import COMPONENTS
 
 __all__ = [
     "HEADER_SIZE",
@@ -25,6 +25,7 @@ __all__ = [
     "PayloadHeader",
     "build_payload",
     "build_payload_bytes",
+    "data_digest",
     "parse_header",
     "verify_payload",
 ]
@@ -35,6 +36,7 @@ _HEADER = struct.Struct(">4sBBHIIQIHHI32s")
 #: Size of the payload header in octets.
 HEADER_SIZE = _HEADER.size
 assert HEADER_SIZE == 68
+_DIGEST_AT = HEADER_SIZE - 32  # the Data Digest is the header's last field
 
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -78,13 +80,13 @@ class PayloadHeader:
         )
 
 
-def _component_value(component: str | int) -> int:
-    if isinstance(component, str):
-        if component in COMPONENTS:
-            return COMPONENTS[component]
-    elif isinstance(component, int) and not isinstance(component, bool) and 1 <= component <= 3:
-        return component
-    raise ValueError(f"component {component!r} is not k/v/kv (1..3)")
+def _component_value(component: Component | str | int) -> int:
+    try:
+        if isinstance(component, str):
+            return Component.from_token(component).field
+        return Component.from_field(component).field
+    except ValueError:
+        raise ValueError(f"component {component!r} is not k/v/kv (1..3)") from None
 
 
 def _check_uint(name: str, value: int, maximum: int) -> None:
@@ -93,7 +95,7 @@ def _check_uint(name: str, value: int, maximum: int) -> None:
 
 
 def build_payload(
-    component: str | int,
+    component: Component | str | int,
     layer: int,
     block_index: int,
     token_start: int,
@@ -123,7 +125,7 @@ def build_payload(
 
 
 def build_payload_bytes(
-    component: str | int,
+    component: Component | str | int,
     layer: int,
     block_index: int,
     token_start: int,
@@ -157,6 +159,16 @@ def _parse(mv: memoryview) -> PayloadHeader:
     return PayloadHeader(
         comp, flags, layer, block, tstart, tcount, codec, reserved, dlen, digest, mv[HEADER_SIZE:]
     )
+
+
+def data_digest(payload: Buffer) -> bytes:
+    """The Data Digest field of a payload, or of its 68-octet header alone: the value a
+    manifest lists in ``object_digests``. Reads the field only; received objects are
+    checked with :func:`verify_payload`."""
+    mv = memoryview(payload).cast("B")
+    if len(mv) < HEADER_SIZE:
+        raise HeaderError(f"payload is {len(mv)} octets, shorter than the 68-octet header")
+    return bytes(mv[_DIGEST_AT:HEADER_SIZE])
 
 
 def parse_header(payload: Buffer) -> PayloadHeader:

@@ -14,18 +14,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .component import Component
+
 __all__ = [
-    "COMPONENTS",
-    "COMPONENT_NAMES",
     "MANIFEST",
     "MANIFEST_COSE",
+    "Component",
     "TrackName",
 ]
-
-#: Component name -> value of the payload Component field.
-COMPONENTS: dict[str, int] = {"k": 1, "v": 2, "kv": 3}
-#: Component value -> name.
-COMPONENT_NAMES: dict[int, str] = {v: k for k, v in COMPONENTS.items()}
 
 MANIFEST = "manifest"
 MANIFEST_COSE = "manifest.cose"
@@ -39,24 +35,24 @@ class TrackName:
     """A parsed KVCS track name.
 
     For the manifest tracks ``kind`` is ``"manifest"`` or ``"manifest.cose"`` and the other
-    fields are None; for data tracks ``kind`` is ``"data"``.
+    fields are None; for data tracks ``kind`` is ``"data"`` and ``component`` a
+    :class:`Component` (equal to its token, e.g. ``"k"``).
     """
 
     kind: str
-    component: str | None = None
+    component: Component | None = None
     codec: str | None = None
     segment: int | None = None
 
     @classmethod
-    def data(cls, component: str, codec: str, segment: int) -> TrackName:
+    def data(cls, component: Component | str, codec: str, segment: int) -> TrackName:
         """Build and validate a data-track name."""
-        if component not in COMPONENTS:
-            raise ValueError(f"component {component!r} is not one of k, v, kv")
+        kind = Component.from_token(component)
         if not isinstance(codec, str) or not _CODEC_RE.fullmatch(codec):
             raise ValueError(f"codec name {codec!r} is not 1-32 of [a-z0-9-]")
         if isinstance(segment, bool) or not isinstance(segment, int) or segment < 0:
             raise ValueError(f"segment {segment!r} is not a non-negative integer")
-        return cls("data", component, codec, segment)
+        return cls("data", kind, codec, segment)
 
     @classmethod
     def manifest(cls, *, cose: bool = False) -> TrackName:
@@ -80,7 +76,7 @@ class TrackName:
         m = _DATA_RE.fullmatch(text)
         if m is None:
             raise ValueError(f"track name {text!r}: {_reason(text)}")
-        return cls("data", m.group(1), m.group(2), int(m.group(3)))
+        return cls("data", Component(m.group(1)), m.group(2), int(m.group(3)))
 
     @property
     def is_manifest(self) -> bool:
@@ -92,7 +88,7 @@ class TrackName:
         """Component field value (k=1, v=2, kv=3); ValueError for manifest tracks."""
         if self.component is None:
             raise ValueError("manifest tracks have no component")
-        return COMPONENTS[self.component]
+        return self.component.field
 
     def format(self) -> str:
         """The track name as text."""
@@ -113,7 +109,9 @@ def _reason(text: str) -> str:
     if len(parts) != 3:
         return "expected 'manifest', 'manifest.cose' or component.codec.sN"
     comp, codec, seg = parts
-    if comp not in COMPONENTS:
+    try:
+        Component.from_token(comp)
+    except ValueError:
         return f"component {comp!r} is not one of k, v, kv"
     if not _CODEC_RE.fullmatch(codec):
         return f"codec name {codec!r} is not 1-32 of [a-z0-9-]"

@@ -18,6 +18,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from .codecs import encode_section, layer_digest, raw_section
+from .component import Component
 from .container import build_container
 from .cose import ProducerKey, sign_manifest
 from .ids import (
@@ -31,6 +32,7 @@ from .ids import (
 )
 from .manifest import Manifest, Segment
 from .payload import build_payload
+from .tracks import TrackName
 
 __all__ = [
     "DEFAULT_PATH",
@@ -122,23 +124,24 @@ def generate() -> dict[str, Any]:
     ns = KvcsNamespace(sid, cid, anchor, FIXED_PUBLICATION_ID)
 
     objects: list[dict[str, Any]] = []
-    digests: dict[str, list[list[str]]] = {"k.raw.s0": [], "v.raw.s0": []}
+    tracks = {kind: TrackName.data(kind, "raw", 0).format() for kind in (Component.K, Component.V)}
+    digests: dict[str, list[list[str]]] = {name: [] for name in tracks.values()}
     layer_digests: list[list[str]] = []
     for layer in range(desc.layers):
         row: list[str] = []
-        for comp in ("k", "v"):
-            digests[f"{comp}.raw.s0"].append([])
+        for name in tracks.values():
+            digests[name].append([])
         for blk in range(len(keys)):
             k_raw = raw_section(element_block(desc, layer, blk))
             v_raw = raw_section(element_block(desc, layer, blk, v=True))
             row.append(layer_digest(k_raw, v_raw).hex())
-            for comp, data in (("k", k_raw), ("v", v_raw)):
+            for kind, data in ((Component.K, k_raw), (Component.V, v_raw)):
                 header, _ = build_payload(
-                    comp, layer, blk, blk * desc.block_tokens, desc.block_tokens, "raw", data
+                    kind, layer, blk, blk * desc.block_tokens, desc.block_tokens, "raw", data
                 )
                 objects.append(
                     {
-                        "track": f"{comp}.raw.s0",
+                        "track": tracks[kind],
                         "group": layer,
                         "object": blk,
                         "data_length": len(data),
@@ -146,7 +149,7 @@ def generate() -> dict[str, Any]:
                         "header": header.hex(),
                     }
                 )
-                digests[f"{comp}.raw.s0"][layer].append(_sha(data))
+                digests[tracks[kind]][layer].append(_sha(data))
         layer_digests.append(row)
 
     segment = Segment(
@@ -154,7 +157,7 @@ def generate() -> dict[str, Any]:
         first_block=0,
         blocks=len(keys),
         block_keys_sha256=block_keys_sha256(keys).hex(),
-        tracks=["k.raw.s0", "v.raw.s0"],
+        tracks=list(tracks.values()),
         complete=True,
         object_digests=digests,
     )

@@ -19,15 +19,14 @@ Procedures (kvcs-draft "Consumer Procedures"):
   ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
   excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
   layer;
-* relay profiles (``relay_profile``): ``"kvcs"`` assumes a full draft-22 relay (the kvcs
-  relay) and falls back automatically where a request is refused (TRACK_STATUS ->
-  SUBSCRIBE's Largest Object, multi-group FETCH -> one FETCH per layer). ``"moq-dev"``
-  follows the limits of moq-dev/moq: no TRACK_STATUS, one group per FETCH, and fills only
-  inside the current group (a wider fill is accepted but silently delivers nothing), so a
-  live cache is SUBSCRIBEd with Next Object + a fill of the current group (Relative Start 1)
-  and the earlier layers are FETCHed one by one;
+* relay profiles (``relay_profile``, :mod:`kvcs.kvnet.relay_profile`): what the relay
+  supports decides how a data track is retrieved (``"kvcs"``: a full draft-22 relay, with
+  automatic fallbacks where a request is refused; ``"moq-dev"``: the limits of moq-dev/moq,
+  whose live and completed tracks are both followed from the current group);
 * every object is verified (header, Location, SHA-256, and the signed ``object_digests``
-  when authenticity is required); a bad object is discarded and treated as missing;
+  when authenticity is required) and placed by a sans-IO
+  :class:`~kvcs.kv.assembly.LayerAssembler`; a bad object is discarded and treated as
+  missing;
 * a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
   order; missing blocks are retried (other endpoints = other relays, other publications
   when both are deterministic) within a recompute-time budget, then reported through
@@ -45,37 +44,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
-from ..kv.codecs import codec_value, decode_kv, decode_section, raw_section
-from ..kv.container import Container, decode_container, read_container
+from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
+from ..kv.codecs import codec_value
+from ..kv.component import Component
+from ..kv.container import max_container_size
 from ..kv.cose import Keyring, verify_manifest
-from ..kv.errors import ContainerError, KvcsError, ManifestError, SignatureError, VerificationError
+from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from ..kv.manifest import Manifest, Segment, check_namespace, segment_covers
-from ..kv.payload import verify_payload
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
+from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
     from .kvsp_http import KvspClient
 
+__all__ = [
+    "RELAY_PROFILES",
+    "ConsumerStats",
+    "KvConsumer",
+    "KvLayer",
+    "Publication",
+    "RecomputeRequired",
+]
+
 log = logging.getLogger(__name__)
 
 OBJECTID_FILTER = 0x26
-
-#: Values of ``KvConsumer(relay_profile=...)``: what the relay between consumer and
-#: publisher supports (see the module docstring).
-RELAY_PROFILES = ("kvcs", "moq-dev")
 
 
 class RecomputeRequired(KvcsError):
@@ -104,61 +109,14 @@ class Publication:
 
 
 @dataclass
-class KvLayer:
-    """One verified layer: K and V as [blocks*B, kv_heads, head_dim] arrays."""
+class ConsumerStats(AssemblyStats):
+    """What the consumer saw (for logs, tests and benchmarks): the assembly counters
+    (objects, bytes, rejected, duplicates, excess, http_blocks) and its own."""
 
-    index: int
-    k: np.ndarray
-    v: np.ndarray
-    blocks: int
-
-
-@dataclass
-class ConsumerStats:
-    """What the consumer saw (for logs, tests and benchmarks)."""
-
-    objects: int = 0
-    bytes: int = 0
-    rejected: int = 0
-    duplicates: int = 0
-    excess: int = 0
     retries: int = 0
-    http_blocks: int = 0
-    """Blocks (containers, all needed layers each) placed from KVSP HTTP holders."""
     first_layer_at: float | None = None
     started_at: float = 0.0
     finished_at: float | None = None
-
-
-@dataclass
-class _LayerBuf:
-    k: np.ndarray
-    v: np.ndarray
-    have_k: np.ndarray
-    have_v: np.ndarray
-    digests: dict[tuple[str, int], bytes] = field(default_factory=dict)
-
-    @classmethod
-    def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuf:
-        """Unfilled K and V arrays for ``blocks`` blocks of one layer."""
-        rows = blocks * desc.block_tokens
-        return cls(np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype),
-                   np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype),
-                   np.zeros(blocks, dtype=bool), np.zeros(blocks, dtype=bool))
-
-    def complete(self) -> bool:
-        return bool(self.have_k.all() and self.have_v.all())
-
-    def fill(self, block: int, k: np.ndarray, v: np.ndarray,
-             digests: dict[str, bytes] | None = None) -> None:
-        """Place one verified block of K and V (e.g. from a container) and, for signed
-        confirmation, the object digests it stands for (component -> digest)."""
-        rows = slice(block * k.shape[0], (block + 1) * k.shape[0])
-        self.k[rows] = k
-        self.v[rows] = v
-        self.have_k[block] = self.have_v[block] = True
-        for comp, digest in (digests or {}).items():
-            self.digests[(comp, block)] = digest
 
 
 class KvConsumer:
@@ -178,7 +136,7 @@ class KvConsumer:
         recompute_budget_s: float = 10.0,
         discovery_timeout: float = 0.1,
         on_progress: Callable[[str, int, int], None] | None = None,
-        relay_profile: str = "kvcs",
+        relay_profile: RelayProfile | str = "kvcs",
         http: KvspClient | None = None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
@@ -200,10 +158,8 @@ class KvConsumer:
         self.recompute_budget_s = recompute_budget_s
         self.discovery_timeout = discovery_timeout
         self.on_progress = on_progress
-        if relay_profile not in RELAY_PROFILES:
-            raise ValueError(f"relay_profile must be one of {RELAY_PROFILES}, "
-                             f"got {relay_profile!r}")
-        self.relay_profile = relay_profile
+        self.relay_profile = RelayProfile.resolve(relay_profile)
+        """How data tracks are retrieved through the relay (:mod:`kvcs.kvnet.relay_profile`)."""
         self.compat_id = self.descriptor.compat_id
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
@@ -324,7 +280,7 @@ class KvConsumer:
     async def _largest(self, ep: Endpoint, pub: Publication, name: bytes) -> Location | None:
         """Largest Object of a track: TRACK_STATUS, or (relays without TRACK_STATUS, e.g.
         moq-dev/moq) the LARGEST_OBJECT of a SUBSCRIBE_OK that is cancelled at once."""
-        if self.relay_profile == "kvcs":
+        if self.relay_profile.track_status:
             try:
                 status = await ep.track_status(pub.fields, name)
                 return status.params.largest_object
@@ -380,8 +336,7 @@ class KvConsumer:
             n = min(n, blocks)
         if n <= 0:
             return
-        lay = self._layer_range(layers)
-        run = _Retrieval(self, pub, m, seg, lay, n)
+        run = _Retrieval(self, pub, m, seg, self._layer_range(layers), n)
         self.stats.started_at = time.perf_counter()
         async for layer in run.run(alternates):
             if self.stats.first_layer_at is None:
@@ -390,11 +345,15 @@ class KvConsumer:
         self.stats.finished_at = time.perf_counter()
 
     def _layer_range(self, layers: range | None) -> range:
-        d = self.descriptor
-        lay = layers if layers is not None else range(d.layers)
-        if lay.step != 1 or lay.start < 0 or lay.stop > d.layers or not len(lay):
-            raise ValueError(f"layers must be a contiguous range within 0..{d.layers}")
-        return lay
+        return layers if layers is not None else range(self.descriptor.layers)
+
+    def _pop_ready(self, assembler: LayerAssembler) -> list[KvLayer]:
+        """The assembler's next complete layers, reported to ``on_progress``."""
+        out = assembler.pop_ready()
+        if self.on_progress is not None:
+            for layer in out:
+                self.on_progress("layer", layer.index, assembler.layers.stop)
+        return out
 
     # ------------------------------------------------------------------ HTTP (KVSP)
 
@@ -419,55 +378,39 @@ class KvConsumer:
         if self.require_signed:
             raise SignatureError("HTTP-only retrieval has no signed manifest to verify "
                                  "(require_signed)")
-        lay = self._layer_range(layers)
         n = len(self.keys) if blocks is None else min(blocks, len(self.keys))
         if n <= 0:
             return
+        assembler = LayerAssembler(self.descriptor, self._layer_range(layers), n,
+                                   block_keys=self.keys, stats=self.stats)
         self.stats.started_at = time.perf_counter()
-        bufs = {layer: _LayerBuf.empty(self.descriptor, n) for layer in lay}
-
-        def place(index: int, _c: Container, ks: list[np.ndarray],
-                  vs: list[np.ndarray]) -> None:
-            for layer, buf in bufs.items():
-                buf.fill(index, ks[layer], vs[layer])
-
-        deadline = time.monotonic() + self.recompute_budget_s
-        await self._http_fetch(range(n), deadline, place)
-        missing = [b for b in range(n) if not bufs[lay.start].have_k[b]]
+        await self._http_fetch(assembler, range(n), time.monotonic() + self.recompute_budget_s)
+        missing = assembler.missing()
         if missing:
-            raise RecomputeRequired({layer: list(missing) for layer in lay}, 0,
-                                    "blocks not available over HTTP")
-        for layer in lay:
-            buf = bufs.pop(layer)
+            raise RecomputeRequired(missing, 0, "blocks not available over HTTP")
+        for layer in self._pop_ready(assembler):
             if self.stats.first_layer_at is None:
                 self.stats.first_layer_at = time.perf_counter()
-            if self.on_progress is not None:
-                self.on_progress("layer", layer, lay.stop)
-            yield KvLayer(layer, buf.k, buf.v, n)
+            yield layer
         self.stats.finished_at = time.perf_counter()
 
-    async def _http_fetch(
-        self, indexes: Sequence[int], deadline: float,
-        place: Callable[[int, Container, list[np.ndarray], list[np.ndarray]], None],
-    ) -> None:
-        """Fetch and verify the containers of absolute blocks ``indexes`` (``http``
-        concurrency at a time, until ``deadline``) and hand each good one to ``place``
-        (index, container, K per layer, V per layer)."""
+    async def _http_fetch(self, assembler: LayerAssembler, blocks: Sequence[int],
+                          deadline: float) -> None:
+        """Fetch the containers of ``blocks`` (within the assembler's segment) from the
+        KVSP holders, ``http.concurrency`` at a time until ``deadline``, and give each to
+        the assembler, which verifies and places it."""
         assert self.http is not None
         http = self.http
         sem = asyncio.Semaphore(http.concurrency)
-        d = self.descriptor
-        raw = d.layers * (d.dtype.itemsize * (int(np.prod(d.k_shape())) + int(np.prod(
-            d.v_shape()))) + 40) + 88
-        limit = raw + raw // 64 + 4096  # a raw container, or zstd's worst-case expansion
+        limit = max_container_size(self.descriptor)
         failed: list[int] = []
 
-        async def one(index: int) -> None:
-            key = self.keys[index]
+        async def one(block: int) -> None:
+            index = assembler.first_block + block
             async with sem:
                 try:
-                    data = await http.get_block(self.scope_id, self.compat_id, key,
-                                                max_bytes=limit)
+                    data = await http.get_block(self.scope_id, self.compat_id,
+                                                assembler.block_key(block), max_bytes=limit)
                 except KvcsError as exc:  # the first failure loud, the others (alike) quiet
                     failed.append(index)
                     log.log(logging.WARNING if len(failed) == 1 else logging.INFO,
@@ -476,31 +419,21 @@ class KvConsumer:
             if data is None:
                 log.info("no KVSP holder has block %d", index)
                 return
-            try:
-                c = read_container(data, descriptor=self.descriptor, expected_block_key=key)
-                start = index * self.descriptor.block_tokens
-                if c.token_start != start:
-                    raise ContainerError(f"token start {c.token_start}, expected {start}")
-                ks, vs = decode_container(c, self.descriptor)
-            except ContainerError as exc:
-                self.stats.rejected += 1
-                log.warning("discarding KVSP container of block %d: %s", index, exc)
-                return
-            self.stats.http_blocks += 1
-            self.stats.bytes += len(data)
-            place(index, c, ks, vs)
+            assembler.accept_container(block, data)
 
         left = deadline - time.monotonic()
         if left <= 0:
             return
         try:
-            await asyncio.wait_for(asyncio.gather(*(one(i) for i in indexes)), left)
+            await asyncio.wait_for(asyncio.gather(*(one(b) for b in blocks)), left)
         except TimeoutError:
             log.warning("KVSP retrieval stopped at the recompute budget")
 
 
 class _Retrieval:
-    """One retrieval of a layer range of a segment (both K and V tracks)."""
+    """The I/O of one retrieval of a layer range of a segment: feeds every object of the
+    selected tracks to a :class:`LayerAssembler` and yields what it assembles, then
+    recovers what is missing (other endpoints, other publications, KVSP HTTP)."""
 
     def __init__(self, consumer: KvConsumer, pub: Publication, manifest: Manifest,
                  seg: Segment, layers: range, n: int) -> None:
@@ -508,168 +441,43 @@ class _Retrieval:
         self.pub = pub
         self.manifest = manifest
         self.seg = seg
-        self.layers = layers
         self.n = n
-        d = consumer.descriptor
-        self.B = d.block_tokens
-        self.dtype = d.dtype
-        self.k_shape = d.k_shape()
-        self.v_shape = d.v_shape()
-        codec = consumer.codec
-        k_name = TrackName.data("k", codec, seg.segment).format()
-        v_name = TrackName.data("v", codec, seg.segment).format()
-        kv_name = TrackName.data("kv", codec, seg.segment).format()
-        if k_name in seg.tracks and v_name in seg.tracks:
-            self.tracks = {"k": k_name, "v": v_name}
-        elif kv_name in seg.tracks:
-            self.tracks = {"kv": kv_name}
-        elif f"k.raw.s{seg.segment}" in seg.tracks:
-            self.tracks = {"k": f"k.raw.s{seg.segment}", "v": f"v.raw.s{seg.segment}"}
-        else:
-            raise ManifestError(f"segment {seg.segment} offers no usable tracks: {seg.tracks}")
-        self.codecs = {c: TrackName.parse(t).codec or "raw" for c, t in self.tracks.items()}
-        self.bufs: dict[int, _LayerBuf] = {}
-        self.done_layers: set[int] = set()
-        self.next_yield = layers.start
-        self.ready: asyncio.Event = asyncio.Event()
-        self.finished_tracks = 0
-        self.signed_digests = consumer.require_signed
+        self.assembler = LayerAssembler(
+            consumer.descriptor, layers, n, tracks=select_tracks(seg, consumer.codec),
+            first_block=seg.first_block, block_keys=consumer.keys,
+            require_signed=consumer.require_signed, stats=consumer.stats)
+        self.assembler.use_manifest(manifest)
+        self.ready = asyncio.Event()
+        """Set when a layer may have become ready, or a feeder ended."""
+        self.feeding = 0
+        """Feeders (one per selected track) still running."""
 
-    # -- assembly ------------------------------------------------------------------
-
-    def _buf(self, layer: int) -> _LayerBuf:
-        buf = self.bufs.get(layer)
-        if buf is None:
-            buf = self.bufs[layer] = _LayerBuf.empty(self.c.descriptor, self.n)
-        return buf
-
-    def accept(self, comp: str, obj: ReceivedObject) -> None:
-        """Verify one received object and place it; bad objects are counted and dropped."""
-        st = self.c.stats
+    def _take(self, kind: Component, obj: ReceivedObject) -> None:
+        """Give one received object to the assembler; wake the loop if a layer completed."""
         if obj.status != ObjectStatus.NORMAL:
             return
-        layer, block = obj.group_id, obj.object_id
-        if layer not in self.layers or layer in self.done_layers:
-            return
-        if block >= self.n:
-            st.excess += 1
-            return
-        buf = self._buf(layer)
-        have = buf.have_v if comp == "v" else buf.have_k
-        if have[block] and (comp != "kv" or buf.have_v[block]):
-            st.duplicates += 1  # e.g. a retry overlapping what arrived
-            return
-        try:
-            hdr = verify_payload(obj.payload, group=layer, object_id=block)
-            if hdr.token_count != self.B or hdr.codec != codec_value(self.codecs[comp]):
-                raise VerificationError("token count or codec differs from the manifest")
-            want = 3 if comp == "kv" else (1 if comp == "k" else 2)
-            if hdr.component != want:
-                raise VerificationError(f"component {hdr.component} on the {comp} track")
-            expected = (self.seg.first_block + block) * self.B
-            if hdr.token_start != expected:
-                raise VerificationError(f"token start {hdr.token_start}, expected {expected}")
-            rows = slice(block * self.B, (block + 1) * self.B)
-            codec = self.codecs[comp]
-            if comp == "kv":
-                k, v = decode_kv(codec, hdr.data, self.dtype, self.k_shape, self.v_shape)
-                buf.k[rows] = k
-                buf.v[rows] = v
-                buf.have_k[block] = buf.have_v[block] = True
-            else:
-                shape = self.v_shape if comp == "v" else self.k_shape
-                arr = decode_section(codec, hdr.data, self.dtype, shape)
-                (buf.v if comp == "v" else buf.k)[rows] = arr
-                have[block] = True
-            buf.digests[(comp, block)] = hdr.digest
-        except (VerificationError, ValueError) as exc:
-            st.rejected += 1
-            log.warning("discarding object %d/%d of %s: %s", layer, block,
-                        self.tracks[comp], exc)
-            return
-        st.objects += 1
-        st.bytes += len(obj.payload)
-        if buf.complete():
+        outcome = self.assembler.accept(kind, obj.group_id, obj.object_id, obj.payload)
+        if outcome is Outcome.LAYER_COMPLETE:
             self.ready.set()
-
-    def _confirm(self, layer: int) -> bool:
-        """With authenticity required, check the layer's digests against the signed list."""
-        if not self.signed_digests:
-            return True
-        seg = self.manifest.segment(self.seg.segment)
-        if seg is None or seg.object_digests is None:
-            return False
-        buf = self.bufs[layer]
-        for comp, name in self.tracks.items():
-            groups = seg.object_digests.get(name)
-            if groups is None or layer >= len(groups):
-                return False  # not listed yet: wait for a newer manifest version
-            listed = groups[layer]
-            for b in range(self.n):
-                if bytes.fromhex(listed[b]) != buf.digests.get((comp, b)):
-                    # not the signed object: drop it so that recovery fetches it again
-                    if comp in ("k", "kv"):
-                        buf.have_k[b] = False
-                    if comp in ("v", "kv"):
-                        buf.have_v[b] = False
-                    self.c.stats.rejected += 1
-                    return False
-        return True
-
-    def pop_ready(self) -> list[KvLayer]:
-        """Layers that are complete and next in order."""
-        out: list[KvLayer] = []
-        while self.next_yield < self.layers.stop:
-            buf = self.bufs.get(self.next_yield)
-            if buf is None or not buf.complete() or not self._confirm(self.next_yield):
-                break
-            del self.bufs[self.next_yield]
-            self.done_layers.add(self.next_yield)
-            out.append(KvLayer(self.next_yield, buf.k, buf.v, self.n))
-            if self.c.on_progress is not None:
-                self.c.on_progress("layer", self.next_yield, self.layers.stop)
-            self.next_yield += 1
-        return out
-
-    def missing(self) -> dict[int, list[int]]:
-        """Blocks still missing per layer (layers not yet yielded)."""
-        out: dict[int, list[int]] = {}
-        for layer in range(self.next_yield, self.layers.stop):
-            buf = self.bufs.get(layer)
-            if buf is None:
-                out[layer] = list(range(self.n))
-            else:
-                miss = np.flatnonzero(~(buf.have_k & buf.have_v)).tolist()
-                if miss or not self._confirm(layer):
-                    out[layer] = miss or list(range(self.n))
-        return out
 
     # -- transfer --------------------------------------------------------------------
 
     async def run(self, alternates: Sequence[Publication]) -> AsyncIterator[KvLayer]:
-        seg_complete = self.seg.complete
+        asm = self.assembler
         ep = self.c.endpoint
-        queue: asyncio.Queue[tuple[str, ReceivedObject] | None] = asyncio.Queue()
-        tasks: list[asyncio.Task[None]] = []
-        if self.signed_digests and not seg_complete:
-            tasks.append(asyncio.create_task(self._follow_manifest(ep, queue)))
-        feeders = [asyncio.create_task(self._feed(ep, comp, name, seg_complete, queue))
-                   for comp, name in self.tracks.items()]
-        tasks.extend(feeders)
-        running = len(feeders)
+        retrieval = self.c.relay_profile.track_retrieval(self.seg.complete)
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
+                 for kind, track in asm.tracks.items()]
+        self.feeding = len(tasks)
+        if asm.require_signed and not self.seg.complete:
+            tasks.append(asyncio.create_task(self._follow_manifest(ep)))
         try:
-            while running and self.next_yield < self.layers.stop:
-                item = await queue.get()
-                if item is None:
-                    running -= 1
-                    continue
-                if item[0]:
-                    self.accept(*item)
-                if self.ready.is_set():
-                    self.ready.clear()
-                    for layer in self.pop_ready():
-                        yield layer
-            for layer in self.pop_ready():
+            while self.feeding and not asm.done:
+                await self.ready.wait()
+                self.ready.clear()
+                for layer in self.c._pop_ready(asm):
+                    yield layer
+            for layer in self.c._pop_ready(asm):
                 yield layer
             # recovery of whatever is still missing
             deadline = time.monotonic() + self.c.recompute_budget_s
@@ -678,7 +486,7 @@ class _Retrieval:
             if self.manifest.deterministic:
                 sources += [(e, p) for p in alternates for e in eps]
             for src_ep, src_pub in sources:
-                missing = self.missing()
+                missing = asm.missing()
                 if not missing or time.monotonic() > deadline:
                     break
                 if src_pub is not self.pub and not await self._deterministic(src_ep, src_pub):
@@ -687,16 +495,16 @@ class _Retrieval:
                 log.info("recovering %d incomplete layer(s) from %s", len(missing),
                          src_pub.namespace.publication_id.hex()[:8])
                 await self._recover(src_ep, src_pub, missing, deadline)
-                for layer in self.pop_ready():
+                for layer in self.c._pop_ready(asm):
                     yield layer
-            missing = self.missing()
+            missing = asm.missing()
             if missing and self.c.http is not None and time.monotonic() < deadline:
                 await self._recover_http(missing, deadline)
-                for layer in self.pop_ready():
+                for layer in self.c._pop_ready(asm):
                     yield layer
-                missing = self.missing()
+                missing = asm.missing()
             if missing:
-                raise RecomputeRequired(missing, self.next_yield - self.layers.start,
+                raise RecomputeRequired(missing, asm.yielded,
                                         "objects missing or failed verification")
         finally:
             for t in tasks:
@@ -732,16 +540,12 @@ class _Retrieval:
             ranges = [(wanted[0], wanted[-1])]
         return (RangeFilter(OBJECTID_FILTER, 0, tuple(ranges)),)
 
-    async def _feed(self, ep: Endpoint, comp: str, name: str, completed: bool,
-                    queue: asyncio.Queue[tuple[str, ReceivedObject] | None]) -> None:
+    async def _feed(self, ep: Endpoint, kind: Component, name: str,
+                    retrieval: TrackRetrieval) -> None:
         try:
-            if self.c.relay_profile == "moq-dev":
-                # live or completed: the relay FETCHes earlier groups upstream only while
-                # it holds a subscription, and serves the current group only through a fill
-                await self._follow_current_group(ep, comp, name, queue)
-            elif completed:
-                await self._fetch_layers(ep, self.pub, comp, name, self.layers, queue)
-            else:
+            if retrieval is TrackRetrieval.FETCH:
+                await self._fetch_layers(ep, self.pub, kind, name, self.assembler.layers)
+            elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
                 sub = await ep.subscribe(
                     self.pub.fields, name.encode(),
                     location_filter=LocationFilter.next_object(),
@@ -749,20 +553,20 @@ class _Retrieval:
                     priority=0)
                 try:
                     async for obj in sub:
-                        queue.put_nowait((comp, obj))
+                        self._take(kind, obj)
                 finally:
                     if not sub.finished:
                         await sub.cancel()
+            else:
+                await self._follow_current_group(ep, kind, name)
         except (MoqtRequestError, ConnectionError) as exc:
             log.warning("retrieval of %s failed: %s", name, exc)
         finally:
-            queue.put_nowait(None)
+            self.feeding -= 1
+            self.ready.set()
 
-    async def _follow_current_group(
-        self, ep: Endpoint, comp: str, name: str,
-        queue: asyncio.Queue[tuple[str, ReceivedObject] | None],
-    ) -> None:
-        """A live track behind a relay that fills only inside the current group: SUBSCRIBE
+    async def _follow_current_group(self, ep: Endpoint, kind: Component, name: str) -> None:
+        """A track behind a relay that fills only inside the current group: SUBSCRIBE
         Next Object + a fill of the current group (Relative Start 1), and one FETCH per
         layer before the current one, while the subscription runs. Overlaps are harmless
         (duplicates are dropped); nothing is missed: the fill and the live part cover
@@ -775,14 +579,14 @@ class _Retrieval:
 
         async def relay_live() -> None:
             async for obj in sub:
-                queue.put_nowait((comp, obj))
+                self._take(kind, obj)
 
         live = asyncio.create_task(relay_live())
         try:
             largest = sub.largest
             if largest is not None:
-                past = [g for g in self.layers if g < largest.group]
-                await self._fetch_layers(ep, self.pub, comp, name, past, queue)
+                past = [g for g in self.assembler.layers if g < largest.group]
+                await self._fetch_layers(ep, self.pub, kind, name, past)
             await live
         finally:
             live.cancel()
@@ -792,30 +596,12 @@ class _Retrieval:
                 with contextlib.suppress(ConnectionError, KeyError, ValueError):
                     await sub.cancel()
 
-    async def _fetch_layers(self, ep: Endpoint, pub: Publication, comp: str, name: str,
-                            layers: range | Sequence[int],
-                            queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None,
-                            blocks: Sequence[int] | None = None) -> None:
+    async def _fetch_layers(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
+                            layers: Sequence[int], blocks: Sequence[int] | None = None) -> None:
         rf = self._fetch_params(ep, blocks)
-        lay = list(layers)
-        if not lay:
-            return
-        spans: list[tuple[int, int]] = []
-        start = prev = lay[0]
-        for x in lay[1:]:
-            if x != prev + 1:
-                spans.append((start, prev))
-                start = x
-            prev = x
-        spans.append((start, prev))
-        if self.c.relay_profile == "moq-dev":  # one group per FETCH
-            spans = [(g, g) for a, b in spans for g in range(a, b + 1)]
-        for a, b in spans:
+        for a, b in self.c.relay_profile.fetch_spans(layers):
             try:
-                res = await ep.fetch(pub.fields, name.encode(),
-                                     location_filter=LocationFilter.absolute_group_end(a, 0, b - a),
-                                     range_filters=rf)
-                await self._drain_fetch(res, comp, queue)
+                await self._fetch(ep, pub, kind, name, a, b, rf)
             except MoqtRequestError as exc:
                 if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
                                               RequestErrorCode.INVALID_RANGE,
@@ -823,81 +609,50 @@ class _Retrieval:
                     raise
                 # relays that refuse multi-group FETCH: one FETCH per layer
                 for g in range(a, b + 1):
-                    res = await ep.fetch(pub.fields, name.encode(),
-                                         location_filter=LocationFilter.absolute_group_end(g, 0, 0),
-                                         range_filters=rf)
-                    await self._drain_fetch(res, comp, queue)
+                    await self._fetch(ep, pub, kind, name, g, g, rf)
 
-    async def _drain_fetch(self, res: object, comp: str,
-                           queue: asyncio.Queue[tuple[str, ReceivedObject] | None] | None) -> None:
-        async for obj in res:  # type: ignore[attr-defined]
-            if queue is not None:
-                queue.put_nowait((comp, obj))
-            else:
-                self.accept(comp, obj)
+    async def _fetch(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
+                     first: int, last: int, rf: tuple[RangeFilter, ...]) -> None:
+        """FETCH layers ``first..last`` of a track and give every object to the assembler."""
+        res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
+                             location_filter=LocationFilter.absolute_group_end(
+                                 first, 0, last - first))
+        async for obj in res:
+            self._take(kind, obj)
 
     async def _recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
                        deadline: float) -> None:
         layers = sorted(missing)
         blocks = sorted({b for bs in missing.values() for b in bs})
-        for comp, name in self.tracks.items():
+        for kind, track in self.assembler.tracks.items():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
+            name = track.format()
             try:
                 await asyncio.wait_for(
-                    self._fetch_layers(ep, pub, comp, name, layers, None, blocks), left)
+                    self._fetch_layers(ep, pub, kind, name, layers, blocks), left)
             except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                 log.info("recovery fetch of %s failed: %s", name, exc)
 
     async def _recover_http(self, missing: dict[int, list[int]], deadline: float) -> None:
-        """Fetch the containers of the missing blocks from the KVSP HTTP holders and place
-        the missing layers of each (KVCS "Verification and Recovery")."""
-        if self.signed_digests and any(c != "raw" for c in self.codecs.values()):
-            # signed object digests of a non-raw track cannot be matched by raw sections
+        """Fetch the containers of the missing blocks from the KVSP HTTP holders; the
+        assembler places them in the layers that miss them (KVCS "Verification and
+        Recovery")."""
+        asm = self.assembler
+        if not asm.containers_usable:
             log.info("HTTP recovery skipped: signed digests of %s tracks",
-                     "/".join(sorted(set(self.codecs.values()))))
+                     "/".join(sorted({t.codec or "" for t in asm.tracks.values()})))
             return
-        first = self.seg.first_block
-        need: dict[int, list[int]] = {}
-        for layer, blocks in missing.items():
-            for b in blocks:
-                if first + b < len(self.c.keys):  # named by this prompt's Block Keys
-                    need.setdefault(b, []).append(layer)
-        if not need:
+        blocks = asm.container_blocks(missing)
+        if not blocks:
             return
         self.c.stats.retries += 1
-        log.info("recovering %d block(s) of %d layer(s) over KVSP HTTP", len(need),
+        log.info("recovering %d block(s) of %d layer(s) over KVSP HTTP", len(blocks),
                  len(missing))
+        await self.c._http_fetch(asm, blocks, deadline)
 
-        def place(index: int, c: Container, ks: list[np.ndarray],
-                  vs: list[np.ndarray]) -> None:
-            b = index - first
-            self._place_block(b, need[b], c, ks, vs)
-
-        await self.c._http_fetch([first + b for b in sorted(need)], deadline, place)
-
-    def _place_block(self, block: int, layers: Collection[int], c: Container,
-                     ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
-        """Place a verified container's block in ``layers`` (with the object digests that
-        signed confirmation compares: SHA-256 of the raw sections, the layer digest for a
-        joint ``kv.raw`` track)."""
-        for layer in layers:
-            if layer in self.done_layers:
-                continue
-            digests: dict[str, bytes] = {}
-            if self.signed_digests:
-                for comp in self.tracks:
-                    digests[comp] = (c.layers[layer].digest if comp == "kv" else hashlib.sha256(
-                        raw_section(ks[layer] if comp == "k" else vs[layer])).digest())
-            buf = self._buf(layer)
-            buf.fill(block, ks[layer], vs[layer], digests)
-            if buf.complete():
-                self.ready.set()
-
-    async def _follow_manifest(
-        self, ep: Endpoint, queue: asyncio.Queue[tuple[str, ReceivedObject] | None]
-    ) -> None:
+    async def _follow_manifest(self, ep: Endpoint) -> None:
         """Follow newer manifest versions (their object_digests confirm layers)."""
         name = TrackName.manifest(cose=True).to_bytes()
         try:
@@ -913,7 +668,7 @@ class _Retrieval:
                     log.warning("discarding manifest version: %s", exc)
                     continue
                 self.manifest = m
-                self.ready.set()
-                queue.put_nowait(("", obj))  # wake the assembler
+                self.assembler.use_manifest(m)
+                self.ready.set()  # newly listed layers may now be confirmed
         except (MoqtRequestError, ConnectionError) as exc:
             log.info("manifest follow ended: %s", exc)

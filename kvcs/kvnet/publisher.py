@@ -35,7 +35,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..kv.codecs import codec_value, encode_kv, encode_section
+from ..kv.codecs import codec_value, encode_component
+from ..kv.component import Component
 from ..kv.cose import ProducerKey, sign_manifest
 from ..kv.errors import KvcsError
 from ..kv.ids import (
@@ -43,11 +44,12 @@ from ..kv.ids import (
     KvcsNamespace,
     ScopeKey,
     block_keys,
+    block_keys_sha256,
     new_publication_id,
     scope_id,
 )
 from ..kv.manifest import Manifest, Segment
-from ..kv.payload import build_payload
+from ..kv.payload import HEADER_SIZE, build_payload, data_digest
 from ..kv.tracks import TrackName
 from ..moqt.track import Track
 from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
@@ -55,7 +57,6 @@ from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATIO
 
 log = logging.getLogger(__name__)
 
-_PAYLOAD_HEADER = 68  # octets of the KVSP object header before the codec data
 _YIELD_EVERY = 8  # objects published between two event-loop turns within a layer
 
 
@@ -193,20 +194,21 @@ class KvPublisher:
         props.append((DEFAULT_PUBLISHER_PRIORITY, priority))
         return tuple(props)
 
-    def _data_track_names(self, segment: int) -> list[str]:
+    def _data_tracks(self, segment: int) -> list[tuple[Component, str, str]]:
+        """(component, codec, track name) of each data track of a segment."""
         o = self.options
-        names = [TrackName.data("k", o.codec, segment).format(),
-                 TrackName.data("v", o.codec, segment).format()]
+        kinds = [(Component.K, o.codec), (Component.V, o.codec)]
         if o.joint_codec is not None:
-            names.append(TrackName.data("kv", o.joint_codec, segment).format())
-        return names
+            kinds.append((Component.KV, o.joint_codec))
+        return [(kind, codec, TrackName.data(kind, codec, segment).format())
+                for kind, codec in kinds]
 
     def _add_segment_state(self, total_blocks: int) -> _SegmentState:
         first = sum(s.blocks for s in self._segments)
         n = total_blocks - first
         seg = _SegmentState(len(self._segments), first, n, self._all_keys[first:total_blocks])
         self._check_group_limits(seg)
-        for name in self._data_track_names(seg.number):
+        for _, _, name in self._data_tracks(seg.number):
             seg.tracks[name] = self.endpoint.create_track(self.fields, name.encode(),
                                                          self._track_properties(0))
             seg.digests[name] = []
@@ -227,9 +229,9 @@ class KvPublisher:
         per_dim = d.block_tokens * d.kv_heads * d.dtype.itemsize  # raw octets per head dim
         sizes = []
         if o.codec == "raw":  # the larger of the K and V objects
-            sizes.append(_PAYLOAD_HEADER + per_dim * max(d.head_dim, d.v_head_dim))
+            sizes.append(HEADER_SIZE + per_dim * max(d.head_dim, d.v_head_dim))
         if o.joint_codec == "raw":
-            sizes.append(_PAYLOAD_HEADER + per_dim * (d.head_dim + d.v_head_dim))
+            sizes.append(HEADER_SIZE + per_dim * (d.head_dim + d.v_head_dim))
         for size in sizes:
             total = size * seg.blocks
             if total > o.max_group_bytes:
@@ -317,22 +319,14 @@ class KvPublisher:
         B = d.block_tokens
         L = d.layers
         prio = math.floor(128 * layer / L)
-        names = self._data_track_names(seg.number)
+        tracks = self._data_tracks(seg.number)
         token0 = seg.first_block * B
-        comps: list[tuple[str, str, np.ndarray | None, str]] = [
-            ("k", names[0], k, o.codec), ("v", names[1], v, o.codec)]
-        if o.joint_codec is not None:
-            comps.append(("kv", names[2], None, o.joint_codec))
         ep = self.endpoint
 
-        def encode(comp: str, arr: np.ndarray | None, codec: str, b: int) -> bytes:
+        def encode(kind: Component, codec: str, b: int) -> bytes:
             lo = b * B
-            if arr is not None:
-                data = encode_section(codec, np.ascontiguousarray(arr[lo:lo + B]))
-            else:
-                data = encode_kv(codec, np.ascontiguousarray(k[lo:lo + B]),
-                                 np.ascontiguousarray(v[lo:lo + B]))
-            header, body = build_payload(comp, layer, b, token0 + lo, B, codec, data)
+            data = encode_component(kind, codec, k[lo:lo + B], v[lo:lo + B])
+            header, body = build_payload(kind, layer, b, token0 + lo, B, codec, data)
             return b"".join((header, body))
 
         def end_group(track: Track) -> None:
@@ -342,16 +336,16 @@ class KvPublisher:
                 ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
                            priority=prio)
 
-        if o.max_group_bytes is None or all(c == "raw" for *_, c in comps):
+        if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
             # Group sizes are known (checked exactly when the segment was added): publish
             # each object as it is encoded and let the event loop send between batches, so
             # a layer's first objects leave while the rest is still being encoded.
-            for comp, name, arr, codec in comps:
+            for kind, codec, name in tracks:
                 track = seg.tracks[name]
                 digests: list[str] = []
                 for b in range(seg.blocks):
-                    payload = encode(comp, arr, codec, b)
-                    digests.append(payload[36:68].hex())
+                    payload = encode(kind, codec, b)
+                    digests.append(data_digest(payload).hex())
                     ep.publish(track, layer, b, payload, priority=prio)
                     if b % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)
@@ -361,14 +355,14 @@ class KvPublisher:
             # compressed groups under a byte cap: encode every Group of the layer first, so
             # that a layer over the cap publishes nothing
             groups: list[tuple[str, list[bytes], list[str]]] = []
-            for comp, name, arr, codec in comps:
-                payloads = [encode(comp, arr, codec, b) for b in range(seg.blocks)]
+            for kind, codec, name in tracks:
+                payloads = [encode(kind, codec, b) for b in range(seg.blocks)]
                 total = sum(len(x) for x in payloads)
                 if total > o.max_group_bytes:
                     raise self._fail(
                         f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
                         "limit of the relay: use a smaller segment")
-                groups.append((name, payloads, [x[36:68].hex() for x in payloads]))
+                groups.append((name, payloads, [data_digest(x).hex() for x in payloads]))
             for name, payloads, digests in groups:
                 track = seg.tracks[name]
                 for b, payload in enumerate(payloads):
@@ -393,7 +387,7 @@ class KvPublisher:
                 segment=s.number,
                 first_block=s.first_block,
                 blocks=s.blocks,
-                block_keys_sha256=_sha256_hex(s.keys),
+                block_keys_sha256=block_keys_sha256(s.keys).hex(),
                 tracks=list(s.tracks),
                 complete=s.complete,
                 object_digests={n: [list(g) for g in gs] for n, gs in s.digests.items()},
@@ -436,12 +430,3 @@ class KvPublisher:
     def params() -> Parameters:
         """Parameters a publisher would send (none beyond auth, kept for symmetry)."""
         return Parameters()
-
-
-def _sha256_hex(keys: Sequence[bytes]) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for k in keys:
-        h.update(k)
-    return h.hexdigest()

@@ -13,6 +13,7 @@ from kvcs.kv.container import (
     ContainerLayer,
     build_container,
     decode_container,
+    max_container_size,
     read_container,
     write_container,
 )
@@ -116,3 +117,15 @@ def test_build_rejects_wrong_geometry():
         build_container(DESC, "raw", BK, 0, KS[:1], VS[:1])
     with pytest.raises(ValueError):
         build_container(DESC, "raw", BK, 0, [k[:2] for k in KS], VS)
+
+
+def test_max_container_size_bounds_raw_and_incompressible_zstd():
+    rng = np.random.default_rng(5)
+    ks = [rng.integers(0, 1 << 16, DESC.k_shape(), dtype=np.uint16).view(DESC.dtype)
+          for _ in range(DESC.layers)]
+    vs = [rng.integers(0, 1 << 16, DESC.v_shape(), dtype=np.uint16).view(DESC.dtype)
+          for _ in range(DESC.layers)]
+    raw = build_container(DESC, "raw", BK, 4, ks, vs)
+    limit = max_container_size(DESC)
+    assert len(raw) < limit and len(build_container(DESC, "zstd", BK, 4, ks, vs)) < limit
+    assert limit - len(raw) <= len(raw) // 64 + 4096

@@ -1,0 +1,421 @@
+"""Sans-IO assembly of verified KV layers (KVCS "Verification and Recovery").
+
+A :class:`LayerAssembler` is told what one retrieval wants: the Compatibility Descriptor,
+a range of layers, the first ``blocks`` blocks of a segment (from ``first_block``), the
+selected tracks (their codecs come from the names), the consumer's Block Keys and whether
+authenticity is required. It is then given bytes:
+
+* objects (component, group = layer, object = block, payload) from any MOQT source, in any
+  order, duplicates included: :meth:`LayerAssembler.accept`;
+* KVSP containers (one block, every layer) from HTTP holders:
+  :meth:`LayerAssembler.accept_container`;
+* newer manifest versions, whose signed ``object_digests`` confirm layers:
+  :meth:`LayerAssembler.use_manifest`.
+
+It verifies each object (68-octet header, Location, SHA-256, component, codec, token count
+and token start, and the signed digest when required) and each container (layer digests,
+CompatID, Block Key, token start), copies the verified data into preallocated layer arrays
+(one copy: receive buffer -> layer), hands out complete layers in order
+(:meth:`LayerAssembler.pop_ready`) and says exactly which blocks are still missing
+(:meth:`LayerAssembler.missing`). A failed check discards the object, counts it as rejected
+and leaves its block missing: nothing raises and no unverified byte reaches a yielded layer.
+
+No I/O: :class:`kvcs.kvnet.consumer.KvConsumer` subscribes, fetches, retries and feeds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from .codecs import Buffer, codec_value, decode_component, raw_section
+from .component import Component
+from .container import decode_container, read_container
+from .errors import ContainerError, ManifestError, VerificationError
+from .ids import CompatDescriptor
+from .manifest import Manifest, Segment
+from .payload import verify_payload
+from .tracks import TrackName
+
+__all__ = [
+    "AssemblyStats",
+    "KvLayer",
+    "LayerAssembler",
+    "Outcome",
+    "select_tracks",
+]
+
+log = logging.getLogger(__name__)
+
+_RAW = codec_value("raw")
+
+
+@dataclass
+class KvLayer:
+    """One verified layer: K and V as [blocks*B, kv_heads, head_dim] arrays."""
+
+    index: int
+    k: np.ndarray
+    v: np.ndarray
+    blocks: int
+
+
+@dataclass
+class AssemblyStats:
+    """Counters of what an assembler was given (several assemblers may share one)."""
+
+    objects: int = 0
+    """Objects verified and placed."""
+    bytes: int = 0
+    """Octets of the objects and containers placed."""
+    rejected: int = 0
+    """Objects and containers that failed verification (or a signed digest)."""
+    duplicates: int = 0
+    """Objects whose block was already placed (e.g. a retry overlapping what arrived)."""
+    excess: int = 0
+    """Objects of blocks beyond the ones wanted (a FETCH without an object filter)."""
+    http_blocks: int = 0
+    """Blocks (containers, all needed layers each) placed from KVSP HTTP holders."""
+
+
+class Outcome(Enum):
+    """What :meth:`LayerAssembler.accept` did with an object."""
+
+    PLACED = "placed"
+    """Verified and placed; its layer still misses blocks."""
+    LAYER_COMPLETE = "layer complete"
+    """Verified and placed, and its layer now has every wanted block of every track."""
+    DUPLICATE = "duplicate"
+    """Its block is already placed: dropped."""
+    EXCESS = "excess"
+    """A block beyond the wanted ones: dropped."""
+    IGNORED = "ignored"
+    """A layer outside the range, or already handed out: dropped."""
+    REJECTED = "rejected"
+    """Failed verification: dropped, its block stays missing."""
+
+
+def select_tracks(segment: Segment, codec: str) -> dict[Component, TrackName]:
+    """The tracks of ``segment`` to retrieve with ``codec``: ``k`` and ``v``, else the joint
+    ``kv`` track, else ``k`` and ``v`` in ``raw``; ManifestError if it offers none of these."""
+    s = segment.segment
+    for choice in ((Component.K, Component.V, codec), (Component.KV, codec),
+                   (Component.K, Component.V, "raw")):
+        *kinds, name = choice
+        tracks = {kind: TrackName.data(kind, name, s) for kind in kinds}
+        if all(t.format() in segment.tracks for t in tracks.values()):
+            return tracks
+    raise ManifestError(f"segment {s} offers no usable tracks: {segment.tracks}")
+
+
+@dataclass
+class _LayerBuffer:
+    """One layer being assembled: K and V rows for every wanted block, which blocks of each
+    are placed, and (authenticity required) the Data Digest each placed object had."""
+
+    k: np.ndarray
+    v: np.ndarray
+    have_k: np.ndarray
+    have_v: np.ndarray
+    placed: int = 0
+    """Placed (block, K or V) pairs; the layer is complete at 2 x blocks."""
+    digests: dict[tuple[Component, int], bytes] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuffer:
+        rows = blocks * desc.block_tokens
+        return cls(np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype),
+                   np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype),
+                   np.zeros(blocks, dtype=bool), np.zeros(blocks, dtype=bool))
+
+    def complete(self) -> bool:
+        return self.placed == 2 * len(self.have_k)
+
+    def has(self, kind: Component, block: int) -> bool:
+        if kind is Component.K:
+            return bool(self.have_k[block])
+        if kind is Component.V:
+            return bool(self.have_v[block])
+        return bool(self.have_k[block] and self.have_v[block])
+
+    def place(self, block: int, k: np.ndarray | None, v: np.ndarray | None) -> None:
+        """Copy verified rows of one block (K, V or both) into the layer."""
+        if k is not None:
+            rows = k.shape[0]
+            self.k[block * rows:(block + 1) * rows] = k
+            if not self.have_k[block]:
+                self.have_k[block] = True
+                self.placed += 1
+        if v is not None:
+            rows = v.shape[0]
+            self.v[block * rows:(block + 1) * rows] = v
+            if not self.have_v[block]:
+                self.have_v[block] = True
+                self.placed += 1
+
+    def drop(self, kind: Component, block: int) -> bool:
+        """Forget a placed object (its signed digest differs); True if it was placed."""
+        self.digests.pop((kind, block), None)
+        dropped = False
+        if kind.carries_k and self.have_k[block]:
+            self.have_k[block] = False
+            self.placed -= 1
+            dropped = True
+        if kind.carries_v and self.have_v[block]:
+            self.have_v[block] = False
+            self.placed -= 1
+            dropped = True
+        return dropped
+
+    def missing(self) -> list[int]:
+        return np.flatnonzero(~(self.have_k & self.have_v)).tolist()
+
+
+class LayerAssembler:
+    """Verifies objects and containers of one retrieval and assembles its layers.
+
+    ``layers``: the contiguous layer range wanted; ``blocks``: how many blocks (the first
+    ones of the segment, from ``first_block``, the segment's first absolute block index).
+    ``tracks``: the selected track of each component (:func:`select_tracks`); none for a
+    retrieval of containers only. ``block_keys``: the consumer's Block Keys from block 0,
+    which name and verify containers. ``require_signed``: a layer is handed out only once
+    every object of it matches the signed ``object_digests`` (:meth:`use_manifest`).
+    ``stats`` is updated in place (shared with the caller's counters).
+    """
+
+    def __init__(
+        self,
+        descriptor: CompatDescriptor,
+        layers: range,
+        blocks: int,
+        *,
+        tracks: Mapping[Component, TrackName] | None = None,
+        first_block: int = 0,
+        block_keys: Sequence[bytes] = (),
+        require_signed: bool = False,
+        stats: AssemblyStats | None = None,
+    ) -> None:
+        if (layers.step != 1 or layers.start < 0 or layers.stop > descriptor.layers
+                or not len(layers)):
+            raise ValueError(f"layers must be a contiguous range within 0..{descriptor.layers}")
+        if blocks < 1:
+            raise ValueError(f"blocks = {blocks}: at least one block is needed")
+        if require_signed and not tracks:
+            raise ValueError("require_signed needs the tracks whose digests are signed")
+        self.descriptor = descriptor
+        self.layers = layers
+        self.blocks = blocks
+        self.first_block = first_block
+        self.tracks: dict[Component, TrackName] = dict(tracks or {})
+        self.block_keys = block_keys
+        self.require_signed = require_signed
+        self.stats = stats if stats is not None else AssemblyStats()
+        self._codecs = {kind: codec_value(t.codec or "") for kind, t in self.tracks.items()}
+        self._block_tokens = descriptor.block_tokens
+        self._dtype = descriptor.dtype
+        self._k_shape = descriptor.k_shape()
+        self._v_shape = descriptor.v_shape()
+        self._buffers: dict[int, _LayerBuffer] = {}
+        self._signed: dict[Component, list[list[str]]] = {}
+        self._next = layers.start
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def next_layer(self) -> int:
+        """The next layer :meth:`pop_ready` hands out (``layers.stop`` when done)."""
+        return self._next
+
+    @property
+    def yielded(self) -> int:
+        """How many layers have been handed out."""
+        return self._next - self.layers.start
+
+    @property
+    def done(self) -> bool:
+        """Every wanted layer has been handed out."""
+        return self._next >= self.layers.stop
+
+    def missing(self) -> dict[int, list[int]]:
+        """The blocks still missing, per layer not yet handed out (layer -> sorted block
+        indexes within the segment). With authenticity required, objects whose signed
+        digest differs are dropped first (and counted as rejected), and a layer the
+        manifest does not list yet misses every block (none of it can be confirmed)."""
+        out: dict[int, list[int]] = {}
+        for layer in range(self._next, self.layers.stop):
+            buf = self._buffers.get(layer)
+            if buf is None or (self.require_signed and not self._listed_layer(layer)):
+                out[layer] = list(range(self.blocks))
+                continue
+            if self.require_signed:
+                self._drop_unsigned(layer, buf)
+            if miss := buf.missing():
+                out[layer] = miss
+        return out
+
+    def pop_ready(self) -> list[KvLayer]:
+        """The layers complete (and confirmed) next in order; each is handed out once."""
+        out: list[KvLayer] = []
+        while self._next < self.layers.stop:
+            buf = self._buffers.get(self._next)
+            if buf is None or not buf.complete() or not self._confirmed(self._next, buf):
+                break
+            del self._buffers[self._next]
+            out.append(KvLayer(self._next, buf.k, buf.v, self.blocks))
+            self._next += 1
+        return out
+
+    # ------------------------------------------------------------------ objects
+
+    def accept(self, kind: Component, layer: int, block: int, payload: Buffer) -> Outcome:
+        """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it."""
+        if layer < self._next or layer >= self.layers.stop:
+            return Outcome.IGNORED
+        if block >= self.blocks:
+            self.stats.excess += 1
+            return Outcome.EXCESS
+        buf = self._buffer(layer)
+        if buf.has(kind, block):
+            self.stats.duplicates += 1
+            return Outcome.DUPLICATE
+        try:
+            digest = self._verify_and_place(buf, kind, layer, block, payload)
+        except (VerificationError, ValueError) as exc:
+            self.stats.rejected += 1
+            track = self.tracks.get(kind, kind.value)
+            log.warning("discarding object %d/%d of %s: %s", layer, block, track, exc)
+            return Outcome.REJECTED
+        if self.require_signed:
+            buf.digests[(kind, block)] = digest
+        self.stats.objects += 1
+        self.stats.bytes += len(payload)
+        return Outcome.LAYER_COMPLETE if buf.complete() else Outcome.PLACED
+
+    def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
+                          payload: Buffer) -> bytes:
+        codec = self._codecs.get(kind)
+        if codec is None:
+            raise VerificationError(f"no {kind.value} track is selected")
+        hdr = verify_payload(payload, group=layer, object_id=block,
+                             expected_digest=self._listed(kind, layer, block))
+        if hdr.component != kind.field:
+            raise VerificationError(f"component {hdr.component} on the {kind.value} track")
+        if hdr.token_count != self._block_tokens or hdr.codec != codec:
+            raise VerificationError("token count or codec differs from the manifest")
+        expected = (self.first_block + block) * self._block_tokens
+        if hdr.token_start != expected:
+            raise VerificationError(f"token start {hdr.token_start}, expected {expected}")
+        k, v = decode_component(kind, codec, hdr.data, self._dtype, self._k_shape,
+                                self._v_shape)
+        buf.place(block, k, v)
+        return hdr.digest
+
+    # ------------------------------------------------------------------ containers
+
+    @property
+    def containers_usable(self) -> bool:
+        """False when containers cannot be confirmed: authenticity required and a selected
+        track is not ``raw`` (its signed digests are not those of raw sections)."""
+        return not (self.require_signed and any(c != _RAW for c in self._codecs.values()))
+
+    def container_blocks(self, missing: Mapping[int, Iterable[int]] | None = None) -> list[int]:
+        """The blocks (within the segment) of ``missing`` (default: :meth:`missing`) that a
+        container can supply: those the consumer has a Block Key for."""
+        wanted = self.missing() if missing is None else missing
+        have_key = len(self.block_keys) - self.first_block
+        return sorted({b for blocks in wanted.values() for b in blocks if b < have_key})
+
+    def block_key(self, block: int) -> bytes:
+        """The Block Key naming block ``block`` (within the segment)."""
+        return self.block_keys[self.first_block + block]
+
+    def accept_container(self, block: int, data: Buffer) -> bool:
+        """Verify a KVSP container of block ``block`` (within the segment) and place it in
+        every layer not yet handed out that misses it; False if it was discarded."""
+        if not 0 <= block < self.blocks:
+            raise ValueError(f"block {block} is outside 0..{self.blocks - 1}")
+        if not self.containers_usable:
+            return False
+        index = self.first_block + block
+        d = self.descriptor
+        try:
+            c = read_container(data, descriptor=d, expected_block_key=self.block_key(block))
+            start = index * d.block_tokens
+            if c.token_start != start:
+                raise ContainerError(f"token start {c.token_start}, expected {start}")
+            ks, vs = decode_container(c, d)
+        except (VerificationError, ValueError) as exc:  # ContainerError, or zstd missing
+            self.stats.rejected += 1
+            log.warning("discarding KVSP container of block %d: %s", index, exc)
+            return False
+        self.stats.http_blocks += 1
+        self.stats.bytes += len(data)
+        for layer in range(self._next, self.layers.stop):
+            buf = self._buffer(layer)
+            if buf.has(Component.KV, block):
+                continue
+            buf.place(block, ks[layer], vs[layer])
+            if self.require_signed:
+                # what the objects' Data Digests are: SHA-256 of the raw sections, the
+                # layer digest for a joint kv.raw track
+                for kind in self.tracks:
+                    buf.digests[(kind, block)] = (
+                        c.layers[layer].digest if kind is Component.KV else
+                        hashlib.sha256(raw_section(ks[layer] if kind is Component.K
+                                                   else vs[layer])).digest())
+        return True
+
+    # ------------------------------------------------------------------ signed digests
+
+    def use_manifest(self, manifest: Manifest) -> None:
+        """Take the ``object_digests`` of a (newer) manifest version of the publication:
+        with authenticity required they confirm layers (the manifest is trusted, i.e. its
+        signature was verified)."""
+        for kind, track in self.tracks.items():
+            seg = manifest.segment(track.segment or 0)
+            groups = None
+            # a listed group has one digest per block of the segment: enough for ours?
+            if seg is not None and seg.object_digests is not None and seg.blocks >= self.blocks:
+                groups = seg.object_digests.get(track.format())
+            self._signed[kind] = groups or []
+
+    def _listed(self, kind: Component, layer: int, block: int) -> bytes | None:
+        if not self.require_signed:
+            return None
+        groups = self._signed.get(kind, ())
+        return bytes.fromhex(groups[layer][block]) if layer < len(groups) else None
+
+    def _listed_layer(self, layer: int) -> bool:
+        """The manifest lists the signed digests of ``layer`` for every selected track."""
+        return all(layer < len(self._signed.get(kind, ())) for kind in self.tracks)
+
+    def _drop_unsigned(self, layer: int, buf: _LayerBuffer) -> None:
+        """Drop (and count as rejected) the placed objects of a listed layer whose digest is
+        not the signed one, so that recovery fetches them again."""
+        for kind in self.tracks:
+            listed = self._signed[kind][layer]
+            for b in range(self.blocks):
+                got = buf.digests.get((kind, b))
+                if got is not None and got.hex() != listed[b] and buf.drop(kind, b):
+                    self.stats.rejected += 1
+
+    def _confirmed(self, layer: int, buf: _LayerBuffer) -> bool:
+        """True if the complete layer may be handed out: authenticity is not required, or
+        the manifest lists the layer and every object of it has its signed digest."""
+        if not self.require_signed:
+            return True
+        if not self._listed_layer(layer):
+            return False  # wait for a newer manifest version
+        self._drop_unsigned(layer, buf)
+        return buf.complete()
+
+    def _buffer(self, layer: int) -> _LayerBuffer:
+        buf = self._buffers.get(layer)
+        if buf is None:
+            buf = self._buffers[layer] = _LayerBuffer.empty(self.descriptor, self.blocks)
+        return buf

@@ -1,0 +1,391 @@
+"""The sans-IO layer assembler: objects and containers in, verified layers and exactly
+what is missing out."""
+
+from __future__ import annotations
+
+import hashlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kvcs.kv.assembly import AssemblyStats, LayerAssembler, Outcome, select_tracks
+from kvcs.kv.codecs import encode_component
+from kvcs.kv.component import Component
+from kvcs.kv.container import build_container
+from kvcs.kv.errors import ManifestError
+from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys
+from kvcs.kv.manifest import Manifest, Segment
+from kvcs.kv.payload import build_payload_bytes, data_digest
+from kvcs.kv.tracks import TrackName
+
+K, V, KV = Component.K, Component.V, Component.KV
+LAYERS = 3
+B = 2  # tokens per block
+BLOCKS = 4
+DESC = CompatDescriptor.from_dict({
+    "kvsp": 1, "model": "assembly", "revision": "0", "tokenizer": "t", "layers": LAYERS,
+    "kv_heads": 2, "head_dim": 4, "dtype": "bfloat16", "block_tokens": B, "layout": "tnd",
+    "rope": "post"})
+SCOPE = ScopeKey(bytes(range(32)))
+TOKENS = np.arange(100, 100 + B * BLOCKS + 1)  # four blocks and a partial one
+KEYS = block_keys(SCOPE, DESC.compat_id, TOKENS, B)
+KV_TRACKS = {K: TrackName.data(K, "raw", 0), V: TrackName.data(V, "raw", 0)}
+
+
+def cache(seed: int = 1, tokens: int = B * BLOCKS) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer (K, V), [tokens, 2, 4] bfloat16."""
+    rng = np.random.default_rng(seed)
+    return [tuple(rng.standard_normal((tokens, 2, 4)).astype(ml_dtypes.bfloat16)
+                  for _ in "kv") for _ in range(LAYERS)]  # type: ignore[misc]
+
+
+DATA = cache()
+
+
+def obj(kind: Component, layer: int, block: int, data: list | None = None, *,
+        codec: str = "raw", first_block: int = 0, token_start: int | None = None) -> bytes:
+    """The payload of one object of ``data`` (default DATA), as a publisher builds it."""
+    k, v = (data or DATA)[layer]
+    rows = slice(block * B, (block + 1) * B)
+    body = encode_component(kind, codec, k[rows], v[rows])
+    start = (first_block + block) * B if token_start is None else token_start
+    return build_payload_bytes(kind, layer, block, start, B, codec, body)
+
+
+def assembler(layers: range = range(LAYERS), blocks: int = BLOCKS, **kw) -> LayerAssembler:
+    kw.setdefault("tracks", KV_TRACKS)
+    return LayerAssembler(DESC, layers, blocks, block_keys=KEYS, **kw)
+
+
+def feed_layer(asm: LayerAssembler, layer: int, kinds=(K, V), data=None) -> list[Outcome]:
+    return [asm.accept(kind, layer, b, obj(kind, layer, b, data))
+            for kind in kinds for b in range(asm.blocks)]
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def test_good_objects_give_layers_in_order() -> None:
+    asm = assembler()
+    for layer in range(LAYERS):
+        outcomes = feed_layer(asm, layer)
+        assert outcomes[-1] is Outcome.LAYER_COMPLETE
+        assert set(outcomes[:-1]) == {Outcome.PLACED}
+        [got] = asm.pop_ready()
+        assert got.index == layer and got.blocks == BLOCKS
+        assert same(got.k, DATA[layer][0]) and same(got.v, DATA[layer][1])
+    assert asm.done and asm.missing() == {} and asm.pop_ready() == []
+    assert asm.stats.objects == LAYERS * BLOCKS * 2 and asm.stats.rejected == 0
+    assert asm.stats.bytes == sum(len(obj(K, 0, b)) + len(obj(V, 0, b))
+                                  for b in range(BLOCKS)) * LAYERS
+
+
+def test_out_of_order_objects_and_layers() -> None:
+    asm = assembler()
+    order = [(kind, layer, b) for layer in (2, 1, 0) for b in (3, 0, 2, 1) for kind in (V, K)]
+    ready = []
+    for kind, layer, b in order:
+        asm.accept(kind, layer, b, obj(kind, layer, b))
+        ready += asm.pop_ready()
+        if layer > 0:
+            assert ready == []  # nothing before layer 0
+    assert [x.index for x in ready] == [0, 1, 2]
+    assert all(same(x.k, DATA[x.index][0]) and same(x.v, DATA[x.index][1]) for x in ready)
+
+
+def test_k_without_v_is_missing_until_v_arrives() -> None:
+    asm = assembler()
+    assert set(feed_layer(asm, 0, kinds=(K,))) == {Outcome.PLACED}
+    assert asm.pop_ready() == []
+    assert asm.missing() == {layer: [0, 1, 2, 3] for layer in range(LAYERS)}
+    asm.accept(V, 0, 1, obj(V, 0, 1))
+    assert asm.missing()[0] == [0, 2, 3]
+    for b in (0, 2, 3):
+        asm.accept(V, 0, b, obj(V, 0, b))
+    assert [x.index for x in asm.pop_ready()] == [0]
+    assert asm.missing() == {1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
+
+
+def flip(payload: bytes, offset: int) -> bytes:
+    bad = bytearray(payload)
+    bad[offset] ^= 0x40
+    return bytes(bad)
+
+
+@pytest.mark.parametrize(("what", "payload"), [
+    ("magic", flip(obj(K, 0, 2), 0)),
+    ("data (digest mismatch)", flip(obj(K, 0, 2), -1)),
+    ("digest field", flip(obj(K, 0, 2), 40)),
+    ("layer != group", obj(K, 1, 2)),
+    ("block index != object", obj(K, 0, 1)),
+    ("component v on the k track", obj(V, 0, 2)),
+    ("token start", obj(K, 0, 2, token_start=0)),
+    ("codec", obj(K, 0, 2, codec="zstd")),
+    ("truncated", obj(K, 0, 2)[:-1]),
+    ("shorter than the header", obj(K, 0, 2)[:60]),
+])
+def test_bad_object_is_rejected_and_missing(what: str, payload: bytes) -> None:
+    asm = assembler()
+    feed_layer(asm, 0)
+    asm = assembler()  # again, with the bad object in place of (k, 0, 2)
+    for kind in (K, V):
+        for b in range(BLOCKS):
+            p = payload if (kind, b) == (K, 2) else obj(kind, 0, b)
+            expected = Outcome.REJECTED if (kind, b) == (K, 2) else Outcome.PLACED
+            assert asm.accept(kind, 0, b, p) is expected, what
+    assert asm.stats.rejected == 1 and asm.stats.objects == 2 * BLOCKS - 1
+    assert asm.pop_ready() == []
+    assert asm.missing()[0] == [2]
+    assert asm.accept(K, 0, 2, obj(K, 0, 2)) is Outcome.LAYER_COMPLETE  # recovered
+    [layer] = asm.pop_ready()
+    assert same(layer.k, DATA[0][0])
+
+
+def test_token_count_checked() -> None:
+    k, _ = DATA[0]
+    body = encode_component(K, "raw", k[:B], k[:B])
+    short = build_payload_bytes(K, 0, 0, 0, B - 1, "raw", body)
+    asm = assembler()
+    assert asm.accept(K, 0, 0, short) is Outcome.REJECTED
+
+
+def test_duplicate_excess_and_ignored() -> None:
+    asm = assembler(layers=range(1, 3), blocks=2)
+    assert asm.accept(K, 1, 0, obj(K, 1, 0)) is Outcome.PLACED
+    assert asm.accept(K, 1, 0, obj(K, 1, 0)) is Outcome.DUPLICATE
+    assert asm.accept(K, 1, 2, obj(K, 1, 2)) is Outcome.EXCESS  # only 2 blocks wanted
+    assert asm.accept(K, 0, 0, obj(K, 0, 0)) is Outcome.IGNORED  # outside the range
+    feed_layer(asm, 1)
+    assert [x.index for x in asm.pop_ready()] == [1]
+    assert asm.accept(V, 1, 1, obj(V, 1, 1)) is Outcome.IGNORED  # already handed out
+    st = asm.stats
+    assert (st.duplicates, st.excess, st.objects) == (1 + 1, 1, 4)  # feed_layer repeats k0
+
+
+def test_partial_layer_range_and_first_blocks() -> None:
+    asm = assembler(layers=range(1, 3), blocks=3)
+    for layer in (1, 2):
+        feed_layer(asm, layer)
+    got = asm.pop_ready()
+    assert [x.index for x in got] == [1, 2]
+    for x in got:
+        assert x.k.shape == (3 * B, 2, 4) and x.blocks == 3
+        assert same(x.k, DATA[x.index][0][: 3 * B]) and same(x.v, DATA[x.index][1][: 3 * B])
+    assert asm.stats.excess == 0  # feed_layer only sends the wanted blocks
+    with pytest.raises(ValueError, match="contiguous range"):
+        assembler(layers=range(2, 4))
+    with pytest.raises(ValueError, match="contiguous range"):
+        assembler(layers=range(1, 1))
+
+
+def test_later_segment_token_starts() -> None:
+    """Blocks of segment 1 start at first_block: their token starts are absolute."""
+    tracks = {K: TrackName.data(K, "raw", 1), V: TrackName.data(V, "raw", 1)}
+    asm = assembler(tracks=tracks, first_block=2, blocks=2)
+    assert asm.accept(K, 0, 0, obj(K, 0, 0)) is Outcome.REJECTED  # token start 0, not 4
+    for kind in (K, V):
+        for b in range(2):
+            asm.accept(kind, 0, b, obj(kind, 0, b, first_block=2))
+    assert [x.index for x in asm.pop_ready()] == [0]
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd", "q8"])
+def test_joint_kv_track(codec: str) -> None:
+    asm = assembler(tracks={KV: TrackName.data(KV, codec, 0)})
+    outcomes = [asm.accept(KV, 0, b, obj(KV, 0, b, codec=codec)) for b in range(BLOCKS)]
+    assert outcomes[-1] is Outcome.LAYER_COMPLETE
+    assert asm.accept(K, 1, 0, obj(K, 1, 0)) is Outcome.REJECTED  # no k track selected
+    [layer] = asm.pop_ready()
+    k, v = DATA[0]
+    if codec == "q8":  # within the q8 bound: scale/2 per row, plus bfloat16 rounding
+        for got, want in ((layer.k, k), (layer.v, v)):
+            a, b = got.astype(np.float32), want.astype(np.float32)
+            scale = np.abs(b).max(axis=-1, keepdims=True) / 127
+            assert np.all(np.abs(a - b) <= scale * 0.51 + np.abs(b) / 128)
+    else:
+        assert same(layer.k, k) and same(layer.v, v)
+
+
+# ---------------------------------------------------------------------- containers
+
+
+def container(block: int, data: list | None = None, *, key: bytes | None = None,
+              token_start: int | None = None, desc: CompatDescriptor = DESC) -> bytes:
+    rows = slice(block * B, (block + 1) * B)
+    layers = data or DATA
+    return build_container(desc, "raw", KEYS[block] if key is None else key,
+                           block * B if token_start is None else token_start,
+                           [k[rows] for k, _ in layers], [v[rows] for _, v in layers])
+
+
+def test_containers_alone_give_every_layer() -> None:
+    """The HTTP-only path: no tracks, every block from a container."""
+    asm = LayerAssembler(DESC, range(LAYERS), BLOCKS, block_keys=KEYS)
+    assert asm.container_blocks() == [0, 1, 2, 3]
+    for b in (3, 1, 0, 2):
+        assert asm.accept_container(b, container(b))
+    got = asm.pop_ready()
+    assert [x.index for x in got] == [0, 1, 2]
+    assert all(same(x.k, DATA[x.index][0]) and same(x.v, DATA[x.index][1]) for x in got)
+    assert asm.stats.http_blocks == BLOCKS and asm.stats.rejected == 0
+
+
+OTHER_DESC = CompatDescriptor.from_dict({**DESC.members, "revision": "1"})
+
+
+@pytest.mark.parametrize(("what", "data"), [
+    ("block key", container(1, key=KEYS[2])),
+    ("token start", container(1, token_start=0)),
+    ("compat id", container(1, desc=OTHER_DESC)),
+    ("layer digest", flip(container(1), -1)),
+    ("truncated", container(1)[:-3]),
+])
+def test_bad_container_is_rejected(what: str, data: bytes) -> None:
+    asm = assembler()
+    for layer in range(LAYERS):
+        for kind in (K, V):
+            for b in (0, 2, 3):
+                asm.accept(kind, layer, b, obj(kind, layer, b))
+    assert not asm.accept_container(1, data), what
+    assert asm.stats.rejected == 1 and asm.stats.http_blocks == 0
+    assert asm.missing() == {layer: [1] for layer in range(LAYERS)}
+    assert asm.accept_container(1, container(1))
+    assert [x.index for x in asm.pop_ready()] == [0, 1, 2]
+
+
+def test_container_fills_only_what_is_missing() -> None:
+    """Objects already placed stay; layers handed out are not touched."""
+    asm = assembler()
+    feed_layer(asm, 0)
+    [first] = asm.pop_ready()
+    feed_layer(asm, 1, kinds=(K,))
+    other = cache(seed=2)
+    assert asm.accept_container(0, container(0, other))
+    assert same(first.k, DATA[0][0])  # the handed-out layer is untouched
+    assert asm.missing() == {1: [1, 2, 3], 2: [1, 2, 3]}
+    for b in (1, 2, 3):
+        asm.accept(V, 1, b, obj(V, 1, b))
+    [second] = asm.pop_ready()
+    assert same(second.v[:B], other[1][1][:B]) and same(second.v[B:], DATA[1][1][B:])
+    assert asm.container_blocks() == [1, 2, 3]
+
+
+def test_container_blocks_need_a_block_key() -> None:
+    short_keys = KEYS[:3]  # the consumer's prompt covers three blocks of the segment
+    asm = LayerAssembler(DESC, range(LAYERS), BLOCKS, tracks=KV_TRACKS, block_keys=short_keys)
+    assert asm.container_blocks() == [0, 1, 2]
+    later = LayerAssembler(DESC, range(LAYERS), 2, tracks=KV_TRACKS, block_keys=KEYS,
+                           first_block=3)
+    assert later.container_blocks() == [0]  # absolute block 3 has a key, block 4 none
+    assert later.block_key(0) == KEYS[3]
+
+
+# ---------------------------------------------------------------------- signed digests
+
+
+def manifest(listed_layers: int, data: list | None = None) -> Manifest:
+    """A manifest listing the object digests of the first ``listed_layers`` layers."""
+    digests = {str(t): [[data_digest(obj(kind, layer, b, data)).hex() for b in range(BLOCKS)]
+                        for layer in range(listed_layers)] for kind, t in KV_TRACKS.items()}
+    seg = Segment(0, 0, BLOCKS, "00" * 32, [str(t) for t in KV_TRACKS.values()],
+                  listed_layers == LAYERS, digests)
+    return Manifest.for_descriptor(DESC, segments=[seg])
+
+
+def test_signed_digest_checked_at_accept() -> None:
+    asm = assembler(require_signed=True)
+    asm.use_manifest(manifest(LAYERS))
+    other = cache(seed=3)  # another publication's objects: valid, but not the signed ones
+    assert asm.accept(K, 0, 1, obj(K, 0, 1, other)) is Outcome.REJECTED
+    feed_layer(asm, 0)
+    assert [x.index for x in asm.pop_ready()] == [0]
+    assert asm.stats.rejected == 1
+
+
+def test_signed_layers_wait_for_the_manifest_and_drop_what_differs() -> None:
+    asm = assembler(require_signed=True)
+    asm.use_manifest(manifest(0))
+    other = cache(seed=3)
+    feed_layer(asm, 0)
+    feed_layer(asm, 1)
+    assert asm.pop_ready() == []  # complete, but not listed yet
+    assert asm.missing() == {layer: [0, 1, 2, 3] for layer in range(LAYERS)}
+    # layer 1 block 2 of K came from elsewhere before the digests were listed
+    asm2 = assembler(require_signed=True)
+    asm2.use_manifest(manifest(0))
+    for layer in (0, 1):
+        for kind in (K, V):
+            for b in range(BLOCKS):
+                src = other if (kind, layer, b) == (K, 1, 2) else None
+                asm2.accept(kind, layer, b, obj(kind, layer, b, src))
+    asm2.use_manifest(manifest(2))
+    assert [x.index for x in asm2.pop_ready()] == [0]
+    assert asm2.stats.rejected == 1  # dropped on confirmation
+    assert asm2.missing() == {1: [2], 2: [0, 1, 2, 3]}
+    assert asm2.accept(K, 1, 2, obj(K, 1, 2)) is Outcome.LAYER_COMPLETE
+    [layer] = asm2.pop_ready()
+    assert same(layer.k, DATA[1][0])
+
+
+def test_signed_containers_confirmed_by_raw_digests() -> None:
+    asm = assembler(require_signed=True)
+    asm.use_manifest(manifest(LAYERS))
+    assert asm.containers_usable
+    for b in range(BLOCKS):
+        asm.accept_container(b, container(b))
+    assert [x.index for x in asm.pop_ready()] == [0, 1, 2]
+    forged = assembler(require_signed=True)
+    forged.use_manifest(manifest(LAYERS))
+    forged.accept_container(0, container(0, cache(seed=4)))  # verifies, but is not signed
+    for b in range(1, BLOCKS):
+        forged.accept_container(b, container(b))
+    assert forged.pop_ready() == []
+    assert forged.missing() == {layer: [0] for layer in range(LAYERS)}
+    signed_q8 = assembler(require_signed=True, tracks={KV: TrackName.data(KV, "q8", 0)})
+    assert not signed_q8.containers_usable
+    assert not signed_q8.accept_container(0, container(0))
+
+
+def test_signed_needs_tracks_and_a_manifest_of_this_segment() -> None:
+    with pytest.raises(ValueError, match="require_signed"):
+        LayerAssembler(DESC, range(LAYERS), BLOCKS, block_keys=KEYS, require_signed=True)
+    small = manifest(LAYERS)
+    small.segments[0].blocks = BLOCKS - 1  # lists fewer blocks than wanted: unusable
+    asm = assembler(require_signed=True)
+    asm.use_manifest(small)
+    feed_layer(asm, 0)
+    assert asm.pop_ready() == [] and asm.missing()[0] == [0, 1, 2, 3]
+
+
+def test_shared_stats() -> None:
+    stats = AssemblyStats()
+    for _ in range(2):
+        asm = assembler(stats=stats)
+        feed_layer(asm, 0)
+    assert stats.objects == 2 * 2 * BLOCKS
+
+
+# ---------------------------------------------------------------------- track selection
+
+
+def seg(*tracks: str) -> Segment:
+    return Segment(0, 0, BLOCKS, "00" * 32, list(tracks), True)
+
+
+def test_select_tracks() -> None:
+    assert select_tracks(seg("k.q8.s0", "v.q8.s0", "kv.q8.s0"), "q8") == {
+        K: TrackName.parse("k.q8.s0"), V: TrackName.parse("v.q8.s0")}
+    assert select_tracks(seg("k.raw.s0", "v.raw.s0", "kv.zstd.s0"), "zstd") == {
+        KV: TrackName.parse("kv.zstd.s0")}
+    assert select_tracks(seg("k.raw.s0", "v.raw.s0", "kv.zstd.s0"), "q8") == KV_TRACKS
+    with pytest.raises(ManifestError, match="no usable tracks"):
+        select_tracks(seg("k.raw.s0", "kv.zstd.s0"), "q8")
+
+
+def test_digest_helpers_agree() -> None:
+    p = obj(K, 1, 2)
+    k, _ = DATA[1]
+    assert data_digest(p) == data_digest(p[:68]) == hashlib.sha256(
+        k[2 * B:3 * B].tobytes()).digest()
