@@ -31,7 +31,7 @@ from .actions import (
     StopSending,
     StreamOpener,
 )
-from .errors import StreamResetCode
+from .errors import SessionUsageError, StreamResetCode
 from .outbox import Outbox
 from .requests import SUBSCRIPTIONS, Request, RequestKind, RequestRegistry, Side
 from .wire import (
@@ -285,7 +285,8 @@ class DataStreams:
         if s is None:
             return False
         writer = s.writer
-        assert isinstance(writer, SubgroupWriter)
+        if not isinstance(writer, SubgroupWriter):
+            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
         prefix = writer.object_prefix(object_id, len(payload), status, properties)
         actions = self._out.actions  # the hot path: two appends per object
         if payload:
@@ -315,7 +316,8 @@ class DataStreams:
         s = self._outgoing.get(stream_id)
         if s is None:
             return None
-        assert isinstance(s.writer, FetchWriter)
+        if not isinstance(s.writer, FetchWriter):
+            raise SessionUsageError(f"stream {stream_id} is a subgroup stream")
         return s.writer
 
     def write_fetch_object(self, stream_id: int, group_id: int, subgroup_id: int,

@@ -298,6 +298,17 @@ def test_second_answer_is_refused() -> None:
     _usage_error(p, lambda: p.server.publish_state_notify(rid, Parameters()))
 
 
+def test_objects_on_the_wrong_stream_kind_are_refused() -> None:
+    p = established()
+    sub, fetch = start(p, K.SUBSCRIBE), start(p, K.FETCH)
+    p.server.subscribe_ok(sub)
+    p.server.fetch_ok(fetch, Location(0, 0))
+    subgroup, fetch_stream = p.server.open_subgroup(sub, 0), p.server.open_fetch_stream(fetch)
+    _usage_error(p, lambda: p.server.write_object(fetch_stream, 0, b"x"))
+    _usage_error(p, lambda: p.server.write_fetch_object(subgroup, 0, 0, 0, 128, b"x"))
+    _usage_error(p, lambda: p.server.write_end_of_range(subgroup, 0x8C, 0, 0))
+
+
 def test_updates_and_their_answers_are_checked() -> None:
     p = established()
     ts, sub = start(p, K.TRACK_STATUS), start(p, K.SUBSCRIBE)
