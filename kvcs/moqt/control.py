@@ -301,9 +301,7 @@ class ControlPlane:
         other = self._data.alias_owner(alias)
         if other is None or other is req or other.finished:
             return
-        m, o = req.message, other.message
-        if (tuple(req.namespace), getattr(m, "name", None)) != (
-                tuple(other.namespace), getattr(o, "name", None)):
+        if other.full_track_name != req.full_track_name:
             raise ProtocolError(SessionCode.DUPLICATE_TRACK_ALIAS, f"track alias {alias} in use")
 
     def _on_message(self, req: Request, msg: Message) -> None:

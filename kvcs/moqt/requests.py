@@ -356,6 +356,15 @@ class Request:
         return self.kind in SUBSCRIPTIONS and self.publisher_side is not self.side
 
     @property
+    def full_track_name(self) -> tuple[TrackNamespace, bytes] | None:
+        """(namespace, name) for SUBSCRIBE, PUBLISH, FETCH and TRACK_STATUS; None for the
+        namespace requests."""
+        m = self.message
+        if isinstance(m, PublishNamespace | SubscribeNamespace | SubscribeTracks):
+            return None
+        return tuple(m.namespace), bytes(m.name)
+
+    @property
     def namespace(self) -> TrackNamespace:
         """The request's namespace or namespace prefix."""
         m = self.message
