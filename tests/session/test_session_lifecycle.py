@@ -113,6 +113,32 @@ def test_requests_pipelined_before_peer_setup_are_buffered() -> None:
     assert not p.closed
 
 
+def test_data_reset_and_datagram_before_peer_setup_are_replayed_in_order() -> None:
+    from kvcs.moqt.wire import ObjectRecord
+
+    p = Pair()
+    rid = p.client.subscribe(NS, b"t")
+    p._deliver(p.client.actions(), p.server, "server")
+    p.events(p.server)
+    p.server.subscribe_ok(rid, track_alias=4)
+    sid = p.server.open_subgroup(rid, 0)
+    p.server.write_object(sid, 0, b"early")
+    p.server.reset_data_stream(sid, StreamResetCode.DELIVERY_TIMEOUT)
+    p.server.send_datagram(rid, ObjectRecord(1, 0, 0, 128, 0, (), b"dgram"))
+    acts = p.server.actions()
+    control = [a for a in acts if getattr(a, "stream_id", None) == 3]
+    p._deliver([a for a in acts if a not in control], p.client, "client")
+    assert kinds(p.events(p.client)) == ["SubscribeAccepted"]  # on our own request stream
+    p._deliver(control, p.client, "client")
+    evs = p.events(p.client)
+    assert kinds(evs) == ["SessionEstablished", "ObjectReceived", "DataStreamEnded",
+                          "ObjectReceived"]
+    assert bytes(evs[1].record.payload) == b"early"
+    assert evs[2].reset_code == StreamResetCode.DELIVERY_TIMEOUT
+    assert bytes(evs[3].record.payload) == b"dgram"
+    assert not p.closed
+
+
 def test_request_id_parity_and_sequence() -> None:
     p = established()
     ids_c = [p.client.track_status(NS, b"t"), p.client.fetch(NS, b"t"),
