@@ -319,7 +319,7 @@ class ControlPlane:
                 self._out.event(ev.RequestAccepted(rid, msg))
             case RequestError() if before is RequestState.UNANSWERED:
                 self._out.event(ev.RequestRejected(rid, msg))
-                self._data.drop_unheld()
+                self._data.abandon_held()
             case RequestOk() | RequestError():
                 self._on_update_answer(req, msg)
             case SubscribeOk():
@@ -374,7 +374,7 @@ class ControlPlane:
         req.track_alias = msg.track_alias
         self._out.event(ev.SubscribeAccepted(req.request_id, msg))
         self._data.bind_alias(msg.track_alias, req)
-        self._data.drop_unheld()
+        self._data.abandon_held()
 
     def subscription_stream_ended(self, req: Request) -> None:
         """A data stream of a subscription we receive ended (the data plane counts it)."""
@@ -467,7 +467,7 @@ class ControlPlane:
             if req.publish_done is None:
                 self._requests.forget(req)
             if req.kind is RequestKind.SUBSCRIBE and req.side is Side.REQUESTER:
-                self._data.drop_unheld()  # it may have been the SUBSCRIBE they waited for
+                self._data.abandon_held()  # it may have been the SUBSCRIBE they waited for
 
     # ------------------------------------------------------------------ API: requests
 

@@ -42,6 +42,7 @@ from .wire import (
     FetchWriter,
     ObjectRecord,
     Properties,
+    StreamItem,
     SubgroupHeader,
     SubgroupWriter,
     decode_datagram,
@@ -130,7 +131,7 @@ class DataStreams:
         req = self._requests.find(request_id)
         return bool(req and req.descending)
 
-    def _items(self, ds: _Incoming, items: list) -> None:
+    def _items(self, ds: _Incoming, items: list[StreamItem]) -> None:
         for item in items:
             if isinstance(item, SubgroupHeader):
                 ds.kind = "subgroup"
@@ -220,7 +221,7 @@ class DataStreams:
         if req.track_alias is not None and self._aliases.get(req.track_alias) is req:
             del self._aliases[req.track_alias]
 
-    def drop_unheld(self) -> None:
+    def abandon_held(self) -> None:
         """Abandon the held streams once none of our SUBSCRIBEs awaits its answer."""
         if not self._held or self._requests.awaiting_subscribe_ok():
             return
