@@ -93,7 +93,7 @@ class Session:
                                  self._subscription_stream_ended)
         self._ctl = ControlPlane(config, opener, self._out, self._requests, self._data,
                                  self._replay_early_input)
-        self._control = self._ctl.control_stream
+        self._control = self._ctl.control_stream  # use control_stream_id; kept for old tests
         self._early: list[_EarlyInput] = []  # peer input that arrived before its SETUP
         self._early_bytes = 0
         self._uni_prefix: dict[int, bytearray] = {}  # peer uni streams not handed on yet
