@@ -336,7 +336,7 @@ def _raw_write(ep: Endpoint, stream_id: int, data: bytes, end: bool = False) -> 
 )
 async def test_misbehaving_raw_peer_is_closed(srv: Srv, case: str, code: int) -> None:
     ep, peer = await srv.connect("moqt")
-    control = ep.session._control
+    control = ep.session.control_stream_id
     sub = encode_message(Subscribe(1 if case == "wrong_parity" else 0, NS, b"t", Parameters()))
     if case == "unknown_type":
         _raw_write(ep, control, b"\x7e\x00\x00")
