@@ -398,6 +398,11 @@ class StreamedCache(DynamicCache):
         """Every layer is placed."""
         return all(self._placed)
 
+    @property
+    def placed_layers(self) -> list[int]:
+        """Indexes of the layers placed so far."""
+        return [i for i, placed in enumerate(self._placed) if placed]
+
     def place(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store layer ``layer``'s K and V ([1, heads, tokens, dim]) and release waiters."""
         if self._placed[layer]:
