@@ -22,7 +22,15 @@ def _section(title: str) -> None:
 def main(argv: list[str]) -> int:
     """Run the selected benchmarks (default: all) and write bench-results.json (a run of
     some suites replaces their figures and keeps the others')."""
-    from bench import bench_codec, bench_e2e, bench_kv, bench_moqt, bench_relay, bench_transport
+    from bench import (
+        bench_codec,
+        bench_e2e,
+        bench_hf,
+        bench_kv,
+        bench_moqt,
+        bench_relay,
+        bench_transport,
+    )
 
     suites: dict[str, Any] = {
         "codec": bench_codec.main,
@@ -31,6 +39,7 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "hf": bench_hf.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

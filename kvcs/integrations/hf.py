@@ -341,11 +341,13 @@ class LayerwisePrefill:
                 if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {})
         device = _device(self.model)
 
-        def forward(p: _Pass) -> torch.Tensor:
+        def forward(p: _Pass) -> tuple[torch.Tensor, float, float]:
+            # timed in this thread: the event loop may resume the caller later
+            t0 = time.perf_counter()
             ids = torch.tensor([self.tokens[p.start:p.stop]], dtype=torch.long, device=device)
             with torch.no_grad():  # grad mode is per thread
                 out = self.model(input_ids=ids, use_cache=True, **{arg: cache}, **keep)
-            return out.logits[:, -1, :]
+            return out.logits[:, -1, :], t0, time.perf_counter()
 
         publishing = asyncio.create_task(publish_all())
         started = finished = 0.0
@@ -355,10 +357,8 @@ class LayerwisePrefill:
                 if p.segment is not None and p.segment > 0:
                     self.publisher.add_segment(self.tokens[self.passes[i - 1].stop:p.stop])
                 current.append(p)
-                t0 = time.perf_counter()
-                logits = await asyncio.to_thread(forward, p)
+                logits, t0, finished = await asyncio.to_thread(forward, p)
                 started = started or t0
-                finished = time.perf_counter()
                 if publishing.done():  # the publisher failed: stop computing for it
                     break
             queue.put_nowait(None)
