@@ -30,9 +30,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-QUESTIONS = [
-    "How much is a return ticket from Harbourview Central to Elkridge?",
-    "Can I take my bicycle on the train at 8 in the morning?",
+QUESTIONS = [  # ones the 135M model answers from the prompt (it gets fares wrong)
+    "What is the phone number of the help line?",
+    "When is the help line open?",
 ]
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "check_model",
     "descriptor_for",
     "output_cache",
+    "restore_cache",
 ]
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -290,6 +291,8 @@ class LayerwisePrefill:
         self.tokens = _token_list(input_ids)
         B = descriptor.block_tokens
         n = len(self.tokens)
+        if not n:
+            raise ValueError("the prompt is empty")
         if chunk_tokens is not None and (chunk_tokens <= 0 or chunk_tokens % B):
             raise ValueError(f"chunk_tokens must be a positive multiple of block_tokens ({B})")
         step = chunk_tokens or n

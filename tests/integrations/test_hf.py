@@ -22,12 +22,13 @@ from kvcs.integrations.hf import (
     check_model,
     descriptor_for,
     output_cache,
+    restore_cache,
 )
 from kvcs.integrations.hf_testing import random_llama, random_llama_descriptor
 from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.payload import parse_header
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
-from kvcs.kvnet.publisher import PublisherOptions
+from kvcs.kvnet.publisher import PublicationError, PublisherOptions
 from kvcs.moqt.wire import ObjectStatus
 from kvcs.testing import LocalNet
 
@@ -131,10 +132,10 @@ async def test_chunked_prefill_publishes_one_segment_per_pass(net: LocalNet) -> 
     # a prompt that diverges inside segment 2 reuses segments 0 and 1 and computes the rest
     other = full.clone()
     other[0, 300] = (other[0, 300] + 1) % 512
-    partial = CacheRestore(MODEL, KvConsumer(ep, SCOPE, DESC, other[0].numpy(),
-                                             discovery_timeout=0.05), other)
-    assert await partial.find() == 256
-    await partial.fill()
+    partial = await restore_cache(MODEL, KvConsumer(ep, SCOPE, DESC, other[0].numpy(),
+                                                    discovery_timeout=0.05), other)
+    assert partial is not None and partial.reused_tokens == 256
+    assert [s.segment for s, _ in partial.segments] == [0, 1]
     _same_tokens_close_logits(await asyncio.to_thread(greedy, MODEL, other, cache=partial.cache),
                               await asyncio.to_thread(greedy, MODEL, other))
 
@@ -242,3 +243,13 @@ async def test_tampered_objects_never_reach_the_model(net: LocalNet, kind: str,
         for mine, theirs in ((restore.cache.layers[i].keys, result.cache.layers[i].keys),
                              (restore.cache.layers[i].values, result.cache.layers[i].values)):
             assert mine is not None and torch.equal(mine[:, :, :n], theirs)
+
+
+async def test_bad_prefill_input_is_refused_with_a_message(net: LocalNet) -> None:
+    ep = await net.client(await net.relay())
+    with pytest.raises(ValueError, match="multiple of block_tokens"):
+        LayerwisePrefill(MODEL, ep, SCOPE, DESC, tokens(64, 7), chunk_tokens=24)
+    with pytest.raises(ValueError, match="empty"):
+        LayerwisePrefill(MODEL, ep, SCOPE, DESC, [])
+    with pytest.raises(PublicationError, match="no complete block"):
+        LayerwisePrefill(MODEL, ep, SCOPE, DESC, tokens(B - 1, 7))
