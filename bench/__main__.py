@@ -64,6 +64,9 @@ def main(argv: list[str]) -> int:
         out.update({k: suites_out["e2e"][k] for k in (
             "raw_ceiling_mib_s", "e2e_goodput_ratio", "direct_goodput_ratio", "ttfl_fraction",
             "consumer_mem_ratio", "layers")})
+    if "hf" in suites_out:  # the real-model issue's two figures, also at the top level
+        out.update({k: suites_out["hf"][k] for k in (
+            "reuse_speedup", "first_layer_during_prefill_fraction")})
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
     return 0
