@@ -63,7 +63,8 @@ async def main(args: argparse.Namespace) -> int:
     alive = asyncio.create_task(keep_alive(ep, prefill))
     result = await prefill.run()
     blocks = prefill.publisher.blocks()
-    size = 2 * desc.layers * blocks * desc.block_tokens * desc.kv_heads * desc.head_dim * 4
+    size = (2 * desc.layers * blocks * desc.block_tokens * desc.kv_heads * desc.head_dim
+            * desc.dtype.itemsize)
     first = result.layer_published[(0, 0)] - result.forward_started
     print(f"published the system prompt: {len(ids)} tokens, {blocks} blocks x {desc.layers} "
           f"layers ({size / 2**20:.1f} MiB); forward pass {result.forward_s:.2f} s, layer 0 "
