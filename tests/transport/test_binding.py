@@ -151,12 +151,12 @@ async def test_scheduler_priority_order(server: ServerHandle, scheme: str) -> No
 
 async def test_unknown_webtransport_path_method_rejected(server: ServerHandle) -> None:
     # A CONNECT without moqt-22 in wt-available-protocols is refused.
-    from kvcs.transport import binding
+    from kvcs.transport import webtransport
 
-    original = binding.sf_string
-    binding.sf_string = lambda value: '"other-proto"'  # type: ignore[assignment]
+    original = webtransport.sf_string
+    webtransport.sf_string = lambda value: '"other-proto"'  # type: ignore[assignment]
     try:
         with pytest.raises(ConnectionError, match="status 400"):
             await connect(server.url("https"), echo_factory, verify=False)
     finally:
-        binding.sf_string = original
+        webtransport.sf_string = original
