@@ -48,7 +48,9 @@ class QuicSettings:
     """Largest UDP payload sent (QUIC packet size). 1350 is safe on the internet; loopback
     deployments use the :meth:`loopback` preset (:func:`max_datagram_size_limit`: 16000
     on aioquic, 60000 on qh3). Validated to 1200..that limit. Each endpoint caps only what
-    it sends: a peer on the other library receives either size."""
+    it sends: a peer on the other library receives either size. qh3 probes the path for
+    up to 1472 bytes above smaller sizes. What a connection sends now:
+    :attr:`MoqtConnection.max_datagram_size <kvcs.transport.MoqtConnection.max_datagram_size>`."""
 
     max_data: int = 16 * MiB
     """Connection-level receive flow-control window (aioquic default 1 MiB)."""

@@ -150,6 +150,7 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._terminated: Any = None  # the library's ConnectionTerminated event
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._closed_callbacks: list[Callable[[], None]] = []
+        self._datagram_size = lib.datagram_size(quic)
         self._wt: WebTransport | None = None
         self._wt_close_timer: asyncio.TimerHandle | None = None
         events = lib.events
@@ -188,6 +189,14 @@ class MoqtConnection(asyncio.DatagramProtocol):
     def library(self) -> str:
         """The QUIC library of this connection (``"qh3"`` or ``"aioquic"``)."""
         return self._lib.name
+
+    @property
+    def max_datagram_size(self) -> int:
+        """Largest UDP payload this connection sends now, in bytes: the settings'
+        ``max_datagram_size`` unless the QUIC library or the peer lowered it (the peer's
+        ``max_udp_payload_size``; qh3 after a slow handshake) or qh3's path probing raised
+        a size below 1472. Changes are logged at DEBUG."""
+        return self._lib.datagram_size(self._quic)
 
     @property
     def buffered_bytes(self) -> int:
@@ -332,6 +341,11 @@ class MoqtConnection(asyncio.DatagramProtocol):
         if self._timer is None and timer_at is not None:
             self._timer = self._loop.call_at(timer_at, self._handle_timer)
         self._timer_at = timer_at
+        size = self._lib.datagram_size(quic)  # 0.7 us on qh3, once per transmit
+        if size != self._datagram_size:
+            logger.debug("%s connection: datagram size %d -> %d bytes",
+                         "client" if self._is_client else "server", self._datagram_size, size)
+            self._datagram_size = size
         if self._drain_waiters:
             self._wake_drainers()
         if scheduler.drained and not self._writable_scheduled:

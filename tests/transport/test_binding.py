@@ -1,6 +1,9 @@
-"""Real QUIC on 127.0.0.1: raw QUIC and WebTransport, verification, scheduler, close."""
+"""Real QUIC on 127.0.0.1: raw QUIC and WebTransport, verification, scheduler, close,
+datagram sizes."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -160,3 +163,20 @@ async def test_unknown_webtransport_path_method_rejected(server: ServerHandle) -
             await connect(server.url("https"), echo_factory, verify=False)
     finally:
         webtransport.sf_string = original
+
+
+async def test_max_datagram_size_is_observable(server: ServerHandle,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvcs.transport.connection")
+    settings = QuicSettings(max_datagram_size=1280)
+    async with connect(server.url("moqt"), echo_factory, settings, verify=False) as conn:
+        await until(lambda: bool(server.conns))
+        assert server.conns[-1].max_datagram_size == QuicSettings.loopback().max_datagram_size
+        if conn.library == "aioquic":  # aioquic sends what it is configured for
+            assert conn.max_datagram_size == 1280
+            return
+        # qh3 probes the path for up to 1472 bytes above a smaller size: loopback
+        # carries every probe, and the binding logs the change
+        await until(lambda: conn.max_datagram_size > 1280)
+        assert conn.max_datagram_size <= 1472
+        await until(lambda: "client connection: datagram size 1280 -> " in caplog.text)

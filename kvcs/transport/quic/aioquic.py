@@ -175,6 +175,9 @@ class AioquicAdapter:
     def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
         return cast(QuicConnection, quic).get_peer_address() or None
 
+    def datagram_size(self, quic: QuicConnectionAPI) -> int:
+        return int(cast(QuicConnection, quic)._max_datagram_size)  # fixed by the config
+
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         cast(H3Connection, h3).send_datagram(session_id, data)  # divides by 4 itself
 

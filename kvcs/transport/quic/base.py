@@ -160,6 +160,10 @@ class QuicAdapter(Protocol):
         """Where the connection sends its datagrams."""
         ...
 
+    def datagram_size(self, quic: QuicConnectionAPI) -> int:
+        """The largest UDP payload the connection sends now."""
+        ...
+
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         """Send an HTTP datagram for the WebTransport session on CONNECT stream
         ``session_id``."""

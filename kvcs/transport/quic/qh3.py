@@ -174,7 +174,9 @@ class Qh3Adapter:
 
     def configuration(self, settings: QuicSettings, *, is_client: bool,
                       alpn_protocols: Sequence[str]) -> QuicConfiguration:
-        # probe_datagram_size: path MTU probing (client only)
+        # probe_datagram_size: path MTU probing (client only). qh3 probes 1280, 1350,
+        # 1452 and 1472 bytes above max_datagram_size, never beyond: a no-op for larger
+        # sizes (the loopback preset).
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),
@@ -224,6 +226,12 @@ class Qh3Adapter:
 
     def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
         return cast(QuicConnection, quic)._remote_addr  # no public accessor in qh3 2.1
+
+    def datagram_size(self, quic: QuicConnectionAPI) -> int:
+        core = cast(QuicConnection, quic)._core
+        if core is None:
+            return int(quic.configuration.max_datagram_size)
+        return int(core.active_path[5])  # (id, local, remote, sent, received, path MTU)
 
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         # qh3 writes its argument as the Quarter Stream ID of RFC 9297
