@@ -16,7 +16,7 @@ from typing import Any
 
 from .certs import parse_fingerprint
 from .config import ALPN_H3, ALPN_MOQT, QuicSettings
-from .connection import MoqtConnection
+from .connection import DatagramSizeFellBack, MoqtConnection
 from .interfaces import SessionFactory
 from .quic import adapter
 from .quic.base import NetworkAddress
@@ -77,9 +77,10 @@ async def _dial(
     configuration: Any,
     pin: bytes | None,
     timeout: float,
+    redial_on_fallback: bool,
 ) -> MoqtConnection:
     """One connection attempt: a new socket and QUIC connection, until the session is
-    ready; raises ConnectionError."""
+    ready; raises ConnectionError (DatagramSizeFellBack: dial again)."""
     loop = asyncio.get_running_loop()
     lib = adapter(settings.library)
     sock = _client_socket(settings)
@@ -94,6 +95,7 @@ async def _dial(
             path=target.path,
             webtransport=target.webtransport,
             pin_sha256=pin,
+            redial_on_fallback=redial_on_fallback,
             sock=sock,
         ),
         sock=sock,
@@ -102,6 +104,9 @@ async def _dial(
     conn.connect(addr)
     try:
         await asyncio.wait_for(conn.wait_ready(), timeout)
+    except DatagramSizeFellBack:
+        transport.close()  # our CONNECTION_CLOSE is sent; nothing to wait for
+        raise
     except BaseException as exc:
         if not conn.is_closed:
             conn.close(0, "connect failed")
@@ -146,7 +151,18 @@ async def _open_connection(
     addr: NetworkAddress = infos[0][4]
     if len(addr) == 2:
         addr = ("::ffff:" + addr[0], addr[1], 0, 0)
-    return await _dial(url, target, addr, factory, settings, configuration, pin, timeout)
+    deadline = loop.time() + timeout
+    try:
+        return await _dial(url, target, addr, factory, settings, configuration, pin,
+                           timeout, redial_on_fallback=True)
+    except DatagramSizeFellBack as exc:
+        # A late server (busy, just started) made the library shrink this connection's
+        # datagrams for good (issue #19: 1-2 KB instead of 60 KB on loopback, 3-4x
+        # slower). The server is up now: a second handshake keeps the configured size.
+        # Once only: if it falls back again, the path may really drop large datagrams.
+        logger.info("redialing %s: %s", url, exc)
+    return await _dial(url, target, addr, factory, settings, configuration, pin,
+                       max(0.1, deadline - loop.time()), redial_on_fallback=False)
 
 
 class _Connect:
@@ -187,6 +203,10 @@ def connect(
     ``cafile`` is given; ``verify=False`` disables verification; ``pin_sha256`` (hex,
     colons allowed) accepts exactly the certificate with that SHA-256 fingerprint instead
     of CA validation (the connection is closed on mismatch).
+
+    A handshake the server answered so late that the QUIC library cut the datagram size
+    for the connection's life is dialed once more (qh3: see
+    :meth:`~kvcs.transport.quic.qh3.Qh3Adapter.datagram_size_fell_back`).
 
     ``await connect(...)`` returns the ready :class:`MoqtConnection`; ``async with
     connect(...) as conn`` also closes it on exit. Raises ConnectionError on failure.

@@ -68,6 +68,11 @@ first and transmitting once per connection afterwards saves a ``datagrams_to_sen
 (which visits every stream) per datagram and lets ACKs cover more packets."""
 
 
+class DatagramSizeFellBack(ConnectionError):
+    """The handshake completed only after the QUIC library cut the connection's datagram
+    size for good: :mod:`.client` dials once more."""
+
+
 class ReceiveBatch:
     """Connections of one server socket that received datagrams in the current batch: the
     server transmits once per connection after the batch."""
@@ -111,6 +116,7 @@ class MoqtConnection(asyncio.DatagramProtocol):
         path: str | None = None,
         webtransport: bool = False,
         pin_sha256: bytes | None = None,
+        redial_on_fallback: bool = False,
         sock: socket.socket | None = None,
         receive_batch: ReceiveBatch | None = None,
         cid_router: CidRouter | None = None,
@@ -130,6 +136,7 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._path = path
         self._want_webtransport = webtransport
         self._pin = pin_sha256
+        self._redial_on_fallback = redial_on_fallback
         self._sock = sock  # client: our own socket, read in batches (and closed with us)
         self._receive_batch = receive_batch  # server: set while the server reads a batch
         self._cid_router = cid_router
@@ -194,8 +201,9 @@ class MoqtConnection(asyncio.DatagramProtocol):
     def max_datagram_size(self) -> int:
         """Largest UDP payload this connection sends now, in bytes: the settings'
         ``max_datagram_size`` unless the QUIC library or the peer lowered it (the peer's
-        ``max_udp_payload_size``; qh3 after a slow handshake) or qh3's path probing raised
-        a size below 1472. Changes are logged at DEBUG."""
+        ``max_udp_payload_size``; qh3 after a slow handshake, see
+        :meth:`~kvcs.transport.quic.qh3.Qh3Adapter.datagram_size_fell_back`), or qh3's path
+        probing raised a smaller one (up to 1452 bytes). Changes are logged at DEBUG."""
         return self._lib.datagram_size(self._quic)
 
     @property
@@ -437,6 +445,16 @@ class MoqtConnection(asyncio.DatagramProtocol):
                 )
                 self._fail(ConnectionError(f"certificate pin mismatch (got {got})"))
                 return
+        if self._lib.datagram_size_fell_back(self._quic):
+            why = (f"the server answered the QUIC handshake late and {self._lib.name} cut the "
+                   f"datagram size from {self.settings.max_datagram_size} to "
+                   f"{self.max_datagram_size} bytes for the connection's life")
+            if self._redial_on_fallback:
+                self._local_close = (QUIC_NO_ERROR, "redialing")
+                self._quic.close(error_code=QUIC_NO_ERROR, reason_phrase="redialing")
+                self._fail(DatagramSizeFellBack(why))
+                return
+            logger.warning("%s (twice: does the path drop larger datagrams?)", why)
         if alpn == ALPN_MOQT and not self._want_webtransport:
             self._create_session("quic", alpn, self._authority, self._path)
         elif alpn == ALPN_H3:

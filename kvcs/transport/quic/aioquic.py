@@ -178,6 +178,9 @@ class AioquicAdapter:
     def datagram_size(self, quic: QuicConnectionAPI) -> int:
         return int(cast(QuicConnection, quic)._max_datagram_size)  # fixed by the config
 
+    def datagram_size_fell_back(self, quic: QuicConnectionAPI) -> bool:
+        return False  # aioquic keeps the configured size
+
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         cast(H3Connection, h3).send_datagram(session_id, data)  # divides by 4 itself
 

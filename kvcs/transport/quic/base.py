@@ -164,6 +164,12 @@ class QuicAdapter(Protocol):
         """The largest UDP payload the connection sends now."""
         ...
 
+    def datagram_size_fell_back(self, quic: QuicConnectionAPI) -> bool:
+        """Whether the library cut the datagram size during the handshake, below the
+        configured size and for the connection's life, because the server answered late
+        (see :meth:`.qh3.Qh3Adapter.datagram_size_fell_back`)."""
+        ...
+
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         """Send an HTTP datagram for the WebTransport session on CONNECT stream
         ``session_id``."""

@@ -47,6 +47,13 @@ logger = logging.getLogger(__name__)
 PATCHED_VERSIONS = ("2.1.",)
 """qh3 versions whose internals the patches below were written for (prefixes)."""
 
+FALLBACK_DATAGRAM_SIZE = 1200
+"""The datagram size qh3 falls back to when a handshake is slow (RFC 9000's minimum)."""
+
+PROBE_CEILING = {2: 1472, 4: 1452}
+"""Largest datagram size qh3's path MTU probing tries, by peer address form (IPv4 2-tuple,
+IPv6 4-tuple: kvcs clients use IPv6 sockets, so 1452)."""
+
 def _patch_max_udp_payload() -> None:
     """qh3 2.x clients announce ``max_udp_payload_size=1472`` whatever their
     ``max_datagram_size``, so servers (a relay, a publishing server) never send larger
@@ -176,7 +183,8 @@ class Qh3Adapter:
                       alpn_protocols: Sequence[str]) -> QuicConfiguration:
         # probe_datagram_size: path MTU probing (client only). qh3 probes 1280, 1350,
         # 1452 and 1472 bytes above max_datagram_size, never beyond: a no-op for larger
-        # sizes (the loopback preset).
+        # sizes (the loopback preset), and what lifts a handshake fallback (see
+        # datagram_size_fell_back) from 1200 bytes to 1452.
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),
@@ -232,6 +240,23 @@ class Qh3Adapter:
         if core is None:
             return int(quic.configuration.max_datagram_size)
         return int(core.active_path[5])  # (id, local, remote, sent, received, path MTU)
+
+    def datagram_size_fell_back(self, quic: QuicConnectionAPI) -> bool:
+        """qh3 2.1 clients whose first loss-detection timeout (0.67 s with qh3's 333 ms
+        initial RTT) expires before the first packet from the server cut their datagram
+        size to 1200 bytes for the life of the connection, taking the large first Initial
+        for lost on a small-MTU path; path MTU probing then lifts it to 1452 bytes at most.
+        A busy or just-started server triggers it as surely as a small path MTU: a client
+        made with QuicSettings.loopback() then sends 1-2 KB datagrams instead of 60 KB,
+        3-4x slower (issue #19). True when that happened and probing cannot restore the
+        configured size; meaningful when the handshake completes."""
+        core = cast(QuicConnection, quic)._core
+        if core is None or not quic.configuration.is_client or core.pto_total == 0:
+            return False
+        _, _, remote, _, _, size = core.active_path
+        ceiling = PROBE_CEILING.get(len(remote), min(PROBE_CEILING.values()))
+        return bool(size == FALLBACK_DATAGRAM_SIZE
+                    and quic.configuration.max_datagram_size > ceiling)
 
     def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
         # qh3 writes its argument as the Quarter Stream ID of RFC 9297
