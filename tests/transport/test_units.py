@@ -14,7 +14,9 @@ from kvcs.transport.webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
     CapsuleParser,
     decode_close_capsule,
+    decode_varint,
     encode_close_capsule,
+    encode_varint,
     http_to_wt_error,
     parse_sf_string_list,
     wt_to_http_error,
@@ -98,3 +100,13 @@ def test_qh3_patches_are_guarded_by_version(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(qh3, "__version__", "3.0.0")
     assert not qh3_adapter.apply_patches()
     assert "qh3 3.0.0: kvcs patches are written for qh3 2.1.x" in caplog.text
+
+
+def test_quic_varint() -> None:
+    for value, size in ((0, 1), (63, 1), (64, 2), (16383, 2), (16384, 4), (2**30 - 1, 4),
+                        (2**30, 8), (2**62 - 1, 8)):
+        data = encode_varint(value)
+        assert len(data) == size and decode_varint(b"x" + data, 1) == (value, size + 1)
+        assert decode_varint(data[:-1], 0) is None
+    with pytest.raises(ValueError):
+        encode_varint(2**62)
