@@ -95,6 +95,13 @@ class _Listener(asyncio.DatagramProtocol):
                 conn.transmit()
 
     def _route(self, data: bytes, addr: NetworkAddress) -> None:
+        if data and not data[0] & 0x80:
+            # short header (RFC 8999: the destination connection ID follows the first
+            # byte), what every datagram after the handshake starts with: no parsing
+            conn = self._routes.get(data[1 : 1 + self._cid_length])
+            if conn is not None:
+                conn.datagram_received(data, addr)
+            return
         header = self._lib.parse_header(data, self._cid_length)
         if header is None:
             return
