@@ -54,6 +54,7 @@ PROBE_CEILING = {2: 1472, 4: 1452}
 """Largest datagram size qh3's path MTU probing tries, by peer address form (IPv4 2-tuple,
 IPv6 4-tuple: kvcs clients use IPv6 sockets, so 1452)."""
 
+
 def _patch_max_udp_payload() -> None:
     """qh3 2.x clients announce ``max_udp_payload_size=1472`` whatever their
     ``max_datagram_size``, so servers (a relay, a publishing server) never send larger
@@ -170,10 +171,9 @@ class Qh3Adapter:
     """qh3 builds packets up to the UDP limit (65507 on IPv4 loopback)."""
     events = events
     h3events = h3events
-    errors: tuple[type[BaseException], ...] = (
-        QuicConnectionError, ValueError, RuntimeError, AssertionError)
-    """qh3 raises QuicConnectionError from its core and AssertionError for a call on a
-    connection whose core is gone."""
+    errors: tuple[type[BaseException], ...] = (QuicConnectionError, ValueError, RuntimeError)
+    """qh3 turns its core's errors into QuicConnectionError (connection state) and
+    ValueError (stream state)."""
 
     def __init__(self) -> None:
         self.version: str = qh3.__version__
