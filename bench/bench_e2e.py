@@ -39,8 +39,10 @@ from kvcs.hosting import TrackHost
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
-from kvcs.transport import QuicSettings, ensure_dev_certificate
-from kvcs.transport.backend import BACKEND
+from kvcs.transport import QuicSettings, default_library, ensure_dev_certificate
+
+BACKEND = default_library()
+"""The QUIC library of this process's settings."""
 
 MiB = 1 << 20
 LAYERS = 32

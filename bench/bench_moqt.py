@@ -28,8 +28,10 @@ from bench.bench_transport import CPU_US_PER_MIB, raw_ceiling, raw_stream_throug
 from kvcs.endpoint import Endpoint, Subscription, serve_endpoints
 from kvcs.moqt.track import Track
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
-from kvcs.transport import QuicSettings, ensure_dev_certificate
-from kvcs.transport.backend import BACKEND
+from kvcs.transport import QuicSettings, default_library, ensure_dev_certificate
+
+BACKEND = default_library()
+"""The QUIC library of this process's settings."""
 
 MiB = 1024 * 1024
 OBJECT_SIZE = 32 * 1024

@@ -24,8 +24,8 @@ from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
 from kvcs.transport import QuicSettings, ensure_dev_certificate
-from kvcs.transport.backend import BACKEND_ENV
 from kvcs.transport.certs import fingerprint_sha256
+from kvcs.transport.quic import LIBRARY_ENV
 
 OBJECT_SIZE = 32 * 1024
 PER_GROUP = 64
@@ -168,7 +168,7 @@ async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
 def _start_relay(tmp: str, backend: str | None = None) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if backend is not None:
-        env[BACKEND_ENV] = backend
+        env[LIBRARY_ENV] = backend
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
          "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp],

@@ -31,7 +31,7 @@ from kvcs.transport import (
     ensure_dev_certificate,
     serve,
 )
-from kvcs.transport.backend import BACKEND, BACKEND_ENV
+from kvcs.transport.quic import LIBRARY_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +186,8 @@ async def raw_stream_throughput(
 def raw_ceiling(library: str, settings_name: str = "loopback",
                 total_bytes: int = 256 * MiB) -> float:
     """Raw stream MiB/s on QUIC library ``library`` (``aioquic`` or ``qh3``), measured in
-    a fresh process (the library is bound per process), with the named settings."""
-    env = dict(os.environ, **{BACKEND_ENV: library})
+    a fresh process (whose default library it is), with the named settings."""
+    env = dict(os.environ, **{LIBRARY_ENV: library})
     out = subprocess.run(
         [sys.executable, "-m", "bench.bench_transport", "--raw", settings_name,
          str(total_bytes)], env=env, capture_output=True, text=True, check=True,
@@ -203,7 +203,7 @@ def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict
     for name in names:
         size = total_bytes if name != "aioquic" else min(total_bytes, 64 * MiB)
         results[name] = asyncio.run(raw_stream_throughput(SETTINGS[name], size))
-        print(f"raw QUIC uni stream ({BACKEND}), {name:9s} settings: "
+        print(f"raw QUIC uni stream ({SETTINGS[name].library}), {name:9s} settings: "
               f"{results[name]:8.1f} MiB/s")
     return results
 

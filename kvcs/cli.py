@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -144,15 +143,16 @@ async def start_kvsp_beside(relay: Any) -> Any:
 
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
-    from .quic_backend import BACKEND_ENV, choose
+    from .relay import Relay
     from .relay.config import ConfigError
+    from .transport import default_library, use_library
 
     try:
         cfg = relay_config(args)
-        backend = choose(cfg.quic_backend or os.environ.get(BACKEND_ENV) or "auto")
+        # the relay's settings are made without a library: they take this default
+        backend = use_library(cfg.quic_backend) if cfg.quic_backend else default_library()
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    from .relay import Relay  # binds the QUIC library chosen above
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -46,7 +46,8 @@ class RelayConfig:
     quic_preset: str = "default"
     quic_backend: str | None = None
     """QUIC library: ``auto`` (qh3 when installed), ``aioquic`` or ``qh3``; see
-    :mod:`kvcs.quic_backend`. Applied by ``kvcs relay`` before the transport loads;
+    :mod:`kvcs.transport.quic`. ``kvcs relay`` makes it the process default
+    (:func:`kvcs.transport.use_library`) before it makes the relay's QuicSettings;
     unset: ``KVCS_QUIC_BACKEND`` if set, else ``auto``."""
     max_fetches_per_session: int = 16
     max_requests_per_session: int = 1024

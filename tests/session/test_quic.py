@@ -31,6 +31,7 @@ from kvcs.moqt.wire import (
 )
 from kvcs.testing import until
 from kvcs.transport import DevCertificate, QuicSettings
+from kvcs.transport.testing import raw_stream_id, raw_write
 
 SETTINGS = QuicSettings.loopback()
 NS = (b"kv", b"quic")
@@ -320,8 +321,7 @@ async def test_track_host_serves_one_origin_to_every_session(cert: DevCertificat
 
 
 def _raw_write(ep: Endpoint, stream_id: int, data: bytes, end: bool = False) -> None:
-    ep.conn._quic.send_stream_data(stream_id, data, end)
-    ep.conn.transmit()
+    raw_write(ep.conn, stream_id, data, end)
 
 
 @pytest.mark.parametrize(
@@ -347,7 +347,7 @@ async def test_misbehaving_raw_peer_is_closed(srv: Srv, case: str, code: int) ->
     elif case == "control_fin":
         _raw_write(ep, control, b"", end=True)
     else:
-        sid = ep.conn._quic.get_next_available_stream_id(False)
+        sid = raw_stream_id(ep.conn, False)
         _raw_write(ep, sid, sub[:-1] if case == "truncated_request" else sub,
                    end=case == "truncated_request")
     closed = await asyncio.wait_for(ep.wait_closed(), 5)
@@ -368,7 +368,7 @@ async def test_data_stream_ending_inside_object_over_quic(srv: Srv) -> None:
     w = SubgroupWriter(SubgroupHeader(alias, 1, 0, None))
     raw = w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"whole"
     raw += w.object_prefix(1, 100, 0, None) + b"only part"
-    sid = bad.conn._quic.get_next_available_stream_id(True)
+    sid = raw_stream_id(bad.conn, True)
     _raw_write(bad, sid, raw, end=True)
     closed = await asyncio.wait_for(peer.wait_closed(), 5)
     assert closed[0] == SessionCode.PROTOCOL_VIOLATION
@@ -391,7 +391,7 @@ async def test_unknown_alias_stream_over_quic_leaves_other_tracks(srv: Srv) -> N
     track = bad.create_track(NS, b"pub")
     sub = await peer.subscribe(NS, b"pub")
     w = SubgroupWriter(SubgroupHeader(999, 0, 0, None))
-    sid = bad.conn._quic.get_next_available_stream_id(True)
+    sid = raw_stream_id(bad.conn, True)
     _raw_write(bad, sid, w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"stray", True)
     bad.publish(track, 0, 0, b"real")
     bad.publish(track, 0, 1, b"", status=ObjectStatus.END_OF_TRACK)
