@@ -59,8 +59,7 @@ from .moqt.wire import (
     TrackNamespace,
     TrackStatus,
 )
-from .transport import ConnectionInfo, MoqtConnection, QuicSettings, connect, serve
-from .transport.binding import Server
+from .transport import ConnectionInfo, MoqtConnection, QuicSettings, Server, connect, serve
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ from .endpoint import Endpoint, send_namespace_notices, serve_endpoints
 from .moqt.origin import Origin
 from .moqt.track import FullTrackName, Track
 from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
-from .transport import QuicSettings
-from .transport.binding import Server
+from .transport import QuicSettings, Server
 
 
 class TrackHost:

@@ -37,8 +37,7 @@ from ..moqt.wire import (
     TrackNamespace,
     TrackStatus,
 )
-from ..transport import MoqtConnection, QuicSettings, ensure_dev_certificate
-from ..transport.binding import Server
+from ..transport import MoqtConnection, QuicSettings, Server, ensure_dev_certificate
 from .cache import Cache
 from .config import RelayConfig, parse_hostport
 from .links import Link, Links
