@@ -9,6 +9,8 @@ refuses an aioquic without them.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -92,6 +94,23 @@ class _AioquicSendView:
         self._handed.pop(stream_id, None)
 
 
+class _ReportedConnectionError(logging.Filter):
+    """aioquic logs the error that closes a connection (a refused certificate, a peer's
+    protocol violation) as a WARNING before closing; kvcs reports the close itself, with
+    its reason (the CLI in one line). Demote the library's copy to DEBUG."""
+
+    _message = re.compile(r"(\[[0-9a-f]+\] )?Error: \d+, reason: ")  # QuicConnectionError
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and self._message.match(record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_log_filter = _ReportedConnectionError()
+
+
 class AioquicAdapter:
     """:class:`~kvcs.transport.quic.base.QuicAdapter` for aioquic 1.x."""
 
@@ -115,6 +134,7 @@ class AioquicAdapter:
         if missing:
             raise ImportError(f"aioquic {self.version} lacks {', '.join(missing)}, which "
                               "kvcs relies on: install aioquic 1.7")
+        logging.getLogger("quic").addFilter(_log_filter)  # once: filters are a set
 
     def configuration(self, settings: QuicSettings, *, is_client: bool,
                       alpn_protocols: Sequence[str]) -> QuicConfiguration:
