@@ -64,9 +64,8 @@ class Relay:
         self.settings = settings or (QuicSettings.loopback() if config.quic_preset == "loopback"
                                      else QuicSettings())
         self.metrics = Metrics()
-        self.cache = Cache(config.cache_bytes, self.metrics)
-        self.cache.pinned = self._pinned
-        self.cache.on_evict = self._on_evict
+        self.cache = Cache(config.cache_bytes, self.metrics, pinned=self._pinned,
+                           fed=self._fed, on_evict=self._on_evict)
         self.server: Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.host: str | None = None
@@ -190,11 +189,9 @@ class Relay:
                 log.exception("cache sweep failed")
 
     def sweep(self) -> None:
-        """Evict expired tracks that are not being fed, then enforce the byte budget."""
-        for track in list(self.cache.tracks.values()):
-            if track.expired() and self.links.feeding(track) is None:
-                self.cache.remove(track, "age")
-        self.cache.enforce_budget()
+        """Drop aged-out objects and the tracks they emptied, then enforce the byte
+        budget (:meth:`Cache.sweep`)."""
+        self.cache.sweep()
 
     def objects_out(self) -> tuple[int, int]:
         """(objects, payload bytes) sent to peers, over the relay's lifetime."""
@@ -450,6 +447,9 @@ class Relay:
     def _pinned(self, track: Track) -> bool:
         link = self.links.feeding(track)
         return link is not None and bool(link.downstream)
+
+    def _fed(self, track: Track) -> bool:
+        return self.links.feeding(track) is not None
 
     def _on_evict(self, track: Track, reason: str) -> None:
         link = self.links.feeding(track)
