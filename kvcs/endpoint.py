@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
 from .moqt import events as ev
-from .moqt.errors import RequestErrorCode, SessionCode
+from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
@@ -58,6 +58,7 @@ from .moqt.wire import (
     SubscribeOk,
     TrackNamespace,
     TrackStatus,
+    namespace_has_prefix,
 )
 from .transport import ConnectionInfo, MoqtConnection, QuicSettings, connect, serve
 from .transport.binding import Server
@@ -87,6 +88,10 @@ class MoqtRequestError(Exception):
 
 class SessionClosedError(ConnectionError):
     """The MOQT session ended while a request was in progress."""
+
+
+class HandOverError(ConnectionError):
+    """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,6 +545,53 @@ class Endpoint(BoundSession):
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
 
+    async def hand_over(self, namespace: TrackNamespace, timeout: float = 60.0) -> None:
+        """Wait until the peer, a relay, holds every local track under ``namespace``
+        complete, so that this session can end without taking the publication with it
+        (docs/relay.md, "Publish and go").
+
+        For each track, a SUBSCRIBE with Forward 0 (no object comes back): a kvcs relay
+        pulls the whole track from us (it subscribes upstream with Forward 1 and a fill of
+        the whole track whatever its subscribers' Forward) and ends the subscription with
+        PUBLISH_DONE TRACK_ENDED once its copy is complete. Every track must have ended
+        (End of Track). Raises :class:`HandOverError` if a track has not ended, if the relay
+        refuses or ends a subscription otherwise, or after ``timeout`` seconds.
+        """
+        ns = tuple(namespace)
+        tracks = [t for t in self.origin.tracks.values()
+                  if namespace_has_prefix(t.namespace, ns)]
+        open_tracks = [t.name.decode(errors="replace") for t in tracks
+                       if t.end_of_track is None]
+        if open_tracks:
+            raise HandOverError(f"track(s) {', '.join(open_tracks)} have no End of Track: "
+                                "a relay cannot hold them complete")
+
+        async def confirm(track: Track) -> None:
+            name = track.name.decode(errors="replace")
+            sub: Subscription | None = None
+            try:
+                sub = await self.subscribe(track.namespace, track.name, forward=0)
+                async for _ in sub:
+                    pass  # Forward 0: nothing comes; the iteration ends at PUBLISH_DONE
+            except (MoqtRequestError, SessionClosedError) as exc:
+                raise HandOverError(f"track {name}: {exc}") from exc
+            finally:
+                if sub is not None and not sub.finished:
+                    await sub.cancel()  # timed out: stop asking
+            if sub.done is None or sub.done.status != PublishDoneCode.TRACK_ENDED:
+                status = "no PUBLISH_DONE" if sub.done is None else _done_name(sub.done)
+                raise HandOverError(f"track {name}: the relay ended it with {status}")
+
+        tasks = [asyncio.ensure_future(confirm(t)) for t in tracks]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+        except TimeoutError:
+            raise HandOverError(f"the relay did not confirm every track within {timeout:g} "
+                                "s") from None
+        finally:
+            for task in tasks:
+                task.cancel()
+
     def withdraw(self, namespace: TrackNamespace) -> None:
         """Withdraw a namespace announced with :meth:`announce`."""
         ns = tuple(namespace)
@@ -733,6 +785,14 @@ class Endpoint(BoundSession):
         send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
 
 
+def _done_name(done: PublishDone) -> str:
+    try:
+        name = PublishDoneCode(done.status).name
+    except ValueError:
+        name = f"0x{done.status:x}"
+    return f"{name} ({done.reason})" if done.reason else name
+
+
 def _resolve(fut: asyncio.Future[Any] | None, value: Any) -> None:
     if fut is not None and not fut.done():
         fut.set_result(value)
@@ -816,6 +876,7 @@ __all__ = [
     "BoundSession",
     "Endpoint",
     "FetchResult",
+    "HandOverError",
     "MoqtRequestError",
     "NamespaceWatch",
     "ReceivedObject",

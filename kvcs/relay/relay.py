@@ -75,7 +75,7 @@ class Relay:
         the relay uses them: :func:`kvcs.cli.start_kvsp_beside`)."""
         self.fingerprint: str | None = None
         self.sessions: dict[int, RelaySession] = {}
-        self.namespaces = Namespaces()
+        self.namespaces = Namespaces(self.cache)
         self.links = Links(self)
         self._next_session = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -455,3 +455,4 @@ class Relay:
         link = self.links.feeding(track)
         if link is not None:
             self.links.evicted(link)
+        self.namespaces.track_evicted(track, reason)

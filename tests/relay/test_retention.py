@@ -1,5 +1,5 @@
-"""Per-object MAX_CACHE_DURATION (issue #15), through real QUIC and, for the track model,
-sans-IO."""
+"""Publications that outlive their publisher (issue #16) and per-object MAX_CACHE_DURATION
+(issue #15), through real QUIC and, for the track model, sans-IO."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from kvcs.endpoint import Endpoint, FetchResult, MoqtRequestError
+from kvcs.endpoint import Endpoint, FetchResult, HandOverError, MoqtRequestError
 from kvcs.moqt.errors import RequestErrorCode
 from kvcs.moqt.track import CachedObject, Track
 from kvcs.moqt.wire import (
@@ -61,6 +61,108 @@ async def _gone_everywhere(watches: list, relays: list[Relay], timeout: float) -
         await until(lambda r=relay: not r.namespaces.retained and not r.cache.tracks, 2)  # type: ignore[misc]
 
 
+async def test_completed_publication_outlives_its_publisher(env: Env) -> None:
+    """Publish, hand over, exit: a consumer arriving later discovers and retrieves the
+    publication from the relay and from a relay chained behind it, until its
+    MAX_CACHE_DURATION has passed; then it is withdrawn everywhere."""
+    a = await env.relay(sweep_interval=0.05)
+    b = await env.relay(upstream=a, sweep_interval=0.05)
+    pub = await env.client(a)
+    await pub.announce(NS)
+    duration = 2500
+    for name in (b"manifest", b"k.raw.s0", b"v.raw.s0"):
+        _publish_whole(pub, name, duration)
+    # nobody pulled anything yet: the hand-over makes relay A pull every track
+    assert not a.cache.tracks
+    await pub.hand_over(NS, timeout=5)
+    assert all(a.cache.get((NS, n)).complete for n in (b"manifest", b"k.raw.s0", b"v.raw.s0"))
+    assert pub.server.active == 0  # nothing came back to the publisher (Forward 0)
+    pub.close()
+    await pub.wait_closed()
+    await until(lambda: not a.publishers)
+    assert NS in a.namespaces.retained
+    # consumers arriving afterwards, at A and at B (chained behind A)
+    watches = []
+    for relay in (a, b):
+        c = await env.client(relay)
+        watch = await c.subscribe_namespace(PREFIX)
+        assert await watch.next(3) == (True, NS)
+        watches.append(watch)
+        for name in (b"manifest", b"k.raw.s0", b"v.raw.s0"):
+            res = await _fetch_all(c, name)
+            # A holds the track complete: FETCH_OK says End Of Track (B, pulling it from A
+            # for this FETCH, cannot know it yet)
+            assert res.ok is not None and res.ok.end_of_track == (relay is a)
+        sub = await c.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+        assert len([o for o in await sub.collect(timeout=5)
+                    if o.status == ObjectStatus.NORMAL]) == 12
+        assert sub.done is not None and sub.done.status == 2  # TRACK_ENDED
+        status = await c.track_status(NS, b"v.raw.s0")
+        assert status.params.largest_object == Location(3, 0)
+        await _refused(c.fetch(NS, b"kv.q8.s0", location_filter=LocationFilter.none()))
+    assert b.cache.get((NS, b"k.raw.s0")).complete
+    # MAX_CACHE_DURATION later every object has aged out: NAMESPACE_DONE at A and at B
+    await _gone_everywhere(watches, [a, b], timeout=duration / 1000 + 3)
+    late = await env.client(b)
+    await _refused(late.fetch(NS, b"k.raw.s0", location_filter=LocationFilter.none()))
+    watch = await late.subscribe_namespace(PREFIX)
+    assert await watch.next(0.3) is None
+    assert a.metrics.get("kvcs_relay_cache_evictions_total", reason="age") == 3
+
+
+async def test_only_what_the_relay_holds_outlives_the_publisher(env: Env) -> None:
+    """Without a hand-over the relay keeps what it pulled; other tracks of the namespace
+    do not exist for it any more. An incomplete publication is withdrawn."""
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    _publish_whole(pub, b"k.raw.s0", 60000)
+    _publish_whole(pub, b"v.raw.s0", 60000)
+    c = await env.client(relay)
+    await _fetch_all(c, b"k.raw.s0")  # only k is ever pulled
+    await until(lambda: relay.cache.get((NS, b"k.raw.s0")).complete)
+    pub.close()
+    await pub.wait_closed()
+    await until(lambda: not relay.publishers)
+    watch = await c.subscribe_namespace(PREFIX)
+    assert await watch.next(3) == (True, NS)
+    await _fetch_all(c, b"k.raw.s0")
+    await _refused(c.fetch(NS, b"v.raw.s0", location_filter=LocationFilter.none()))
+    await _refused(c.subscribe(NS, b"v.raw.s0"))
+    # a publisher that leaves mid-production takes its namespace with it
+    ns2 = (*PREFIX, b"\x08" * 16)
+    pub2 = await env.client(relay)
+    await pub2.announce(ns2)
+    track = pub2.create_track(ns2, b"k.raw.s0")
+    publish_group(pub2, track, 0, 4)
+    sub = await c.subscribe(ns2, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+    assert await watch.next(3) == (True, ns2)
+    await until(lambda: relay.cache.get((ns2, b"k.raw.s0")).count >= 4)
+    pub2.close()
+    assert await watch.next(3) == (False, ns2)
+    await sub.collect(timeout=3)
+    assert relay.cache.get((ns2, b"k.raw.s0")) is None
+    assert relay.namespaces.retained == {NS}
+
+
+async def test_hand_over_needs_ended_tracks_and_a_relay(env: Env) -> None:
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"k.raw.s0")
+    publish_group(pub, track, 0, 2)
+    with pytest.raises(HandOverError, match="End of Track"):
+        await pub.hand_over(NS)
+    end_track(pub, track, 1)
+    await pub.hand_over(NS, timeout=5)
+    # the relay loses the track (evicted for space): the next hand-over says so
+    relay.cache.budget = 1
+    relay.cache.enforce_budget()
+    relay.cache.budget = 1 << 30
+    assert relay.cache.get((NS, b"k.raw.s0")) is None
+    await pub.hand_over(NS, timeout=5)  # the relay pulls it again
+
+
 async def test_objects_age_out_one_by_one_while_the_track_is_fed(env: Env) -> None:
     """MAX_CACHE_DURATION is per object: old objects leave the cache (and FETCH answers
     End of Unknown Range for them: they existed) while newer ones keep arriving and are
@@ -106,6 +208,7 @@ async def test_objects_age_out_one_by_one_while_the_track_is_fed(env: Env) -> No
     assert await watch.next(3) == (False, NS)
     await until(lambda: relay.cache.get((NS, b"k.raw.s0")) is None, 2)
     assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="age") == 1
+    assert not relay.namespaces.retained
 
 
 def test_track_expiry_per_object_and_gone_ranges() -> None:
