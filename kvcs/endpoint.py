@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+from .admission import Admission
 from .moqt import events as ev
 from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
@@ -455,11 +456,15 @@ class Endpoint(BoundSession):
     """
 
     def __init__(self, conn: MoqtConnection, *, origin: Origin[Endpoint] | None = None,
-                 auth_tokens: tuple[AuthToken, ...] = ()) -> None:
+                 auth_tokens: tuple[AuthToken, ...] = (),
+                 admission: Admission | None = None) -> None:
         super().__init__(conn)
         self.origin: Origin[Endpoint] = Origin() if origin is None else origin
         self.auth_tokens = auth_tokens
         """Sent with every request (and in SETUP by :meth:`connect`)."""
+        self.admission = admission
+        """Checks the peer's requests (tokens, limits) before they are answered; None:
+        every request is answered (a client endpoint trusts its relay)."""
         self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
         self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
         self._requests: dict[int, Any] = {}
@@ -682,10 +687,26 @@ class Endpoint(BoundSession):
 
     # ----------------------------------------------------------------- serving
 
+    def open_requests(self) -> int:
+        """Requests the peer has open with us (served, and namespace requests)."""
+        return (self.server.active + len(self.peer_namespaces)
+                + len(self.origin.watches(self)))
+
     def handle_request(self, e: ev.RequestReceived) -> None:
-        """Answer the peer's request from :attr:`origin`."""
+        """Answer the peer's request from :attr:`origin` (once :attr:`admission` admits
+        it)."""
         m = e.message
         s = self.session
+        if self.admission is not None:
+            refusal = self.admission.check(self.peer_setup, m, self.open_requests(),
+                                           self.server.fetching)
+            if refusal is not None:
+                if refusal.close_session:
+                    self.close(refusal.code, refusal.reason)
+                else:
+                    s.request_error(e.request_id, refusal.code, refusal.reason,
+                                    retry_interval=refusal.retry_ms)
+                return
         if isinstance(m, Subscribe | Fetch | TrackStatus):
             track = self.origin.track(m.namespace, m.name)
             if track is None:
@@ -859,14 +880,16 @@ async def serve_endpoints(
     settings: QuicSettings | None = None,
     origin: Origin[Endpoint] | None = None,
     endpoint_class: type[Endpoint] = Endpoint,
+    admission: Admission | None = None,
     **session_options: Any,
 ) -> Server:
     """:func:`serve_sessions` with one ``endpoint_class`` per session, all serving
-    ``origin`` if given (else each its own); ``on_endpoint`` is called with each new
-    endpoint before any of its events are handled."""
+    ``origin`` if given (else each its own) and admitting requests by ``admission`` if
+    given; ``on_endpoint`` is called with each new endpoint before any of its events are
+    handled."""
 
     def bind(conn: MoqtConnection) -> None:
-        on_endpoint(endpoint_class(conn, origin=origin))
+        on_endpoint(endpoint_class(conn, origin=origin, admission=admission))
 
     return await serve_sessions(host, port, bind, certfile=certfile, keyfile=keyfile,
                                 settings=settings, **session_options)

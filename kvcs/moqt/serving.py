@@ -358,6 +358,11 @@ class TrackServer:
         """Number of live subscriptions and fetches being served."""
         return len(self._subs) + len(self._fetches)
 
+    @property
+    def fetching(self) -> int:
+        """Number of fetches being served."""
+        return len(self._fetches)
+
     # ------------------------------------------------------------- ranges
 
     @staticmethod

@@ -22,7 +22,8 @@ import asyncio
 import contextlib
 import logging
 
-from ..auth import PUBLISH, SUBSCRIBE, Authorizer
+from ..admission import Admission, Limits
+from ..auth import Authorizer
 from ..endpoint import open_session, serve_sessions
 from ..moqt import events as ev
 from ..moqt.errors import RequestErrorCode, SessionCode
@@ -30,7 +31,6 @@ from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
     AuthToken,
     Fetch,
-    Parameters,
     PublishNamespace,
     Subscribe,
     SubscribeNamespace,
@@ -61,6 +61,9 @@ class Relay:
             authorizer = (Authorizer.from_file(config.auth) if config.auth
                           else Authorizer(anonymous=config.anonymous))
         self.auth = authorizer
+        self.admission = Admission(authorizer, Limits(
+            max_requests=config.max_requests_per_session,
+            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms))
         self.settings = settings or (QuicSettings.loopback() if config.quic_preset == "loopback"
                                      else QuicSettings())
         self.metrics = Metrics()
@@ -258,23 +261,6 @@ class Relay:
 
     # ------------------------------------------------------------------ requests
 
-    @staticmethod
-    def _tokens(peer: RelaySession, params: Parameters) -> list[bytes] | int:
-        """Token values of a request (+ SETUP); an int is a session error code."""
-        out: list[bytes] = []
-        setup = peer.peer_setup
-        for tok in setup.auth_tokens if setup else ():
-            if tok.alias_type in (1, 3) and tok.value is not None:
-                out.append(bytes(tok.value))  # REGISTER over our cache size 0 = USE_VALUE
-        for tok in params.auth_tokens:
-            if tok.alias_type == 3 and tok.value is not None:
-                out.append(bytes(tok.value))
-            elif tok.alias_type == 1:
-                return SessionCode.AUTH_TOKEN_CACHE_OVERFLOW  # MAX_AUTH_TOKEN_CACHE_SIZE 0
-            else:
-                return SessionCode.UNKNOWN_AUTH_TOKEN_ALIAS
-        return out
-
     def reject(self, peer: RelaySession, rid: int, kind: str, code: int, reason: str,
                retry: int = 0) -> None:
         """REQUEST_ERROR for request ``rid`` of ``peer`` (and count it)."""
@@ -303,36 +289,23 @@ class Relay:
         if self.going_away:
             self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
             return
-        tokens = self._tokens(peer, m.params)
-        if isinstance(tokens, int):
-            self.close_session(peer, tokens, "authorization token alias not supported")
-            return
-        if peer.open_requests() >= self.config.max_requests_per_session:
-            self.reject(peer, rid, kind, RequestErrorCode.EXCESSIVE_LOAD,
-                        "too many open requests", self.config.fetch_retry_ms)
+        refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
+                                       peer.open_fetches())
+        if refusal is not None:
+            if refusal.close_session:
+                self.close_session(peer, refusal.code, refusal.reason)
+            else:
+                self.reject(peer, rid, kind, refusal.code, refusal.reason, refusal.retry_ms)
             return
         if isinstance(m, PublishNamespace):
-            ns, right, what = tuple(m.namespace), PUBLISH, "to publish this namespace"
-        elif isinstance(m, SubscribeNamespace):
-            ns, right, what = tuple(m.namespace_prefix), SUBSCRIBE, "for this namespace prefix"
-        else:
-            assert isinstance(m, Subscribe | Fetch | TrackStatus)  # RELAYED_REQUESTS
-            ns, right, what = tuple(m.namespace), SUBSCRIBE, "for this namespace"
-        if not self.auth.allowed(tokens, right, ns):
-            self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED, f"not authorized {what}")
-            return
-        if isinstance(m, PublishNamespace | SubscribeNamespace):
             peer.session.request_ok(rid)
             self._ok(kind)
-            if isinstance(m, PublishNamespace):
-                self.namespaces.publish(peer, rid, ns)
-            else:
-                self.namespaces.watch(peer, rid, ns)
+            self.namespaces.publish(peer, rid, tuple(m.namespace))
             return
-        if isinstance(m, Fetch) and \
-                peer.open_fetches() >= self.config.max_fetches_per_session:
-            self.reject(peer, rid, kind, RequestErrorCode.EXCESSIVE_LOAD,
-                        "too many concurrent fetches", self.config.fetch_retry_ms)
+        if isinstance(m, SubscribeNamespace):
+            peer.session.request_ok(rid)
+            self._ok(kind)
+            self.namespaces.watch(peer, rid, tuple(m.namespace_prefix))
             return
         self._route(peer, e, kind)
 
