@@ -40,7 +40,7 @@ from ..moqt.wire import (
 from ..transport import MoqtConnection, QuicSettings, ensure_dev_certificate
 from ..transport.binding import Server
 from .cache import Cache
-from .config import RelayConfig, parse_hostport
+from .config import ListenError, RelayConfig, parse_hostport
 from .links import Link, Links
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
@@ -112,7 +112,8 @@ class Relay:
         return self.namespaces.local_publishers()
 
     async def start(self) -> None:
-        """Listen, connect upstream (if configured) and start the metrics endpoint."""
+        """Listen, connect upstream (if configured) and start the metrics endpoint; a
+        socket that cannot be opened raises :class:`ListenError` (nothing stays open)."""
         cfg = self.config
         host, port = parse_hostport(cfg.listen, "--listen")
         if cfg.tls_cert:
@@ -122,19 +123,39 @@ class Relay:
             certfile, keyfile = str(dev.certfile), str(dev.keyfile)
             self.fingerprint = dev.sha256
         self.host, self.certfile, self.keyfile = host, certfile, keyfile
-        if cfg.upstream:
-            await self._connect_upstream()
-        self.server = await serve_sessions(host, port, self._on_connection, certfile=certfile,
-                                           keyfile=keyfile, settings=self.settings,
-                                           implementation=IMPLEMENTATION)
         if cfg.metrics:
             mh, mp = parse_hostport(cfg.metrics, "--metrics")
-            self.metrics_server = MetricsServer(self.metrics)
-            await self.metrics_server.start(mh, mp)
+            metrics_server = MetricsServer(self.metrics)
+            try:
+                await metrics_server.start(mh, mp)
+            except OSError as exc:
+                raise ListenError(cfg.metrics, " (--metrics)", exc) from exc
+            self.metrics_server = metrics_server
+        try:
+            if cfg.upstream:
+                await self._connect_upstream()
+            self.server = await serve_sessions(host, port, self._on_connection,
+                                               certfile=certfile, keyfile=keyfile,
+                                               settings=self.settings,
+                                               implementation=IMPLEMENTATION)
+        except OSError as exc:
+            await self._close_started()
+            if isinstance(exc, ConnectionError):
+                raise  # the upstream relay
+            raise ListenError(cfg.listen, "", exc) from exc
         self._sweeper = asyncio.create_task(self._sweep_loop())
         log.info("relay listening on %s:%d (upstream %s, cache %d bytes, %s)", host,
                  self.server.port, cfg.upstream or "none", cfg.cache_bytes,
                  "anonymous" if self.auth.anonymous else f"{len(self.auth.grants)} tokens")
+
+    async def _close_started(self) -> None:
+        """Close what a failed :meth:`start` opened."""
+        up = self.upstream
+        if up is not None and not up.is_closed:
+            up.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.aclose()
+            self.metrics_server = None
 
     async def _connect_upstream(self) -> None:
         cfg = self.config
