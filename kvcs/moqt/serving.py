@@ -152,7 +152,9 @@ class TrackServer:
     """Serves tracks on one session; see the module docstring."""
 
     def __init__(self, session: Session, max_filter_ranges: int | None = None, *,
-                 on_request_ended: Callable[[int], None] | None = None) -> None:
+                 on_request_ended: Callable[[int], None] | None = None,
+                 can_fill: Callable[[int, int, Location, Location], bool] | None = None,
+                 ) -> None:
         self.session = session
         self.max_filter_ranges = (session.config.max_filter_ranges
                                   if max_filter_ranges is None else max_filter_ranges)
@@ -162,7 +164,7 @@ class TrackServer:
         self._blocked: dict[int, _Cursor] = {}  # stream id -> cursor waiting to write
         self.objects_sent = 0
         self.bytes_sent = 0
-        self.fill_handler: Callable[[int, int, Location, Location], bool] | None = None
+        self._can_fill = can_fill
         """Optional check called as (subscription request id, fill id, start, end) before a
         fill starts; returning False means the fill cannot be served: the fill stream is
         opened and reset right after its FETCH_HEADER (digest 6.2, a MUST in d22)."""
@@ -414,8 +416,8 @@ class TrackServer:
         filters = fill.range_filters or sub.filters
         sid = self.session.open_fetch_stream(sub.request_id, fill_id, track.default_priority,
                                              start.group)
-        if self.fill_handler is not None and not self.fill_handler(sub.request_id, fill_id,
-                                                                   start, end):
+        if self._can_fill is not None and not self._can_fill(sub.request_id, fill_id,
+                                                             start, end):
             self.session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
             return
         cur = self._cursor(sub.request_id, sid, track, start, end, descending, filters,
