@@ -27,6 +27,8 @@ _HELP = {
     "kvcs_relay_cache_bytes": ("gauge", "Payload bytes held in the cache"),
     "kvcs_relay_cache_tracks": ("gauge", "Tracks held in the cache"),
     "kvcs_relay_upstream_subscriptions": ("gauge", "Open upstream subscriptions"),
+    "kvcs_relay_retained_namespaces": ("gauge", "Completed publications kept after their "
+                                   "publishers left"),
     "kvcs_relay_protocol_errors_total": ("counter", "Sessions closed for protocol violations"),
 }
 

@@ -90,6 +90,7 @@ class Relay:
         m.gauge("kvcs_relay_cache_bytes", lambda: self.cache.bytes)
         m.gauge("kvcs_relay_cache_tracks", lambda: len(self.cache.tracks))
         m.gauge("kvcs_relay_upstream_subscriptions", lambda: len(self.links))
+        m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
         m.gauge("kvcs_relay_objects_out_total", lambda: self.objects_out()[0])
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
 
@@ -436,7 +437,7 @@ class Relay:
             self.reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         peer.schedule_flush()
 
-    # ------------------------------------------------------------------ cache hooks
+    # ------------------------------------------------------------------ cache policy
 
     def _pinned(self, track: Track) -> bool:
         link = self.links.feeding(track)

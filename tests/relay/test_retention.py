@@ -81,6 +81,7 @@ async def test_completed_publication_outlives_its_publisher(env: Env) -> None:
     await pub.wait_closed()
     await until(lambda: not a.publishers)
     assert NS in a.namespaces.retained
+    assert a.metrics.get("kvcs_relay_retained_namespaces") == 1
     # consumers arriving afterwards, at A and at B (chained behind A)
     watches = []
     for relay in (a, b):
