@@ -221,8 +221,15 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
                    help="MAX_CACHE_DURATION of the tracks (default 3600)")
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
-                   help="stay connected this long after publishing so the relay can pull "
-                        "the tracks (default: until Ctrl-C)")
+                   help="stay connected this long once published (default: leave as soon "
+                        "as the relay holds the whole publication; with --no-hand-over: "
+                        "until Ctrl-C)")
+    p.add_argument("--no-hand-over", action="store_true",
+                   help="do not wait for the relay to hold every track: stay connected "
+                        "(--linger, or until Ctrl-C) so that it can pull them on demand")
+    p.add_argument("--hand-over-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the relay may take to pull every track before `kvcs "
+                        "publish` gives up with status 1 (default 300)")
     p.add_argument("--store", metavar="DIR",
                    help="also write one KVSP container per complete block into DIR, for "
                         "`kvcs kvsp-serve` (HTTP fallback)")
@@ -266,11 +273,16 @@ def run_publish(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"producer key: {exc}") from None
 
-    async def run() -> None:
+    hand_over = None if args.no_hand_over else args.hand_over_timeout
+    if hand_over is not None and hand_over <= 0:
+        raise UsageError("--hand-over-timeout must be positive")
+
+    async def run() -> int:
         ep = await _connect(args)
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
-                                    producer_key=key, hex_namespace=args.hex_namespace)
+                                    producer_key=key, hex_namespace=args.hex_namespace,
+                                    hand_over_s=hand_over)
             try:
                 pub = KvPublisher(ep, scope, desc, tokens, opts)
             except PublicationError as exc:
@@ -285,19 +297,27 @@ def run_publish(args: argparse.Namespace) -> int:
                 except PublicationError as exc:
                     raise UsageError(str(exc)) from None
                 _progress("published", i, desc.layers, t0)
-            await pub.finish()
+            try:
+                await pub.finish()
+            except PublicationError as exc:
+                print(f"kvcs publish: {exc}; publish again, or with --no-hand-over to serve "
+                      "the tracks yourself", file=sys.stderr, flush=True)
+                return 1
             print("publication complete", flush=True)
-            if args.linger is None:
+            if hand_over is not None:
+                print(f"the relay holds the whole publication (for {args.retention:g} s); "
+                      "leaving", flush=True)
+            if args.linger is None and hand_over is None:
                 print("serving the tracks; Ctrl-C to stop", flush=True)
                 await ep.wait_closed()
-            elif args.linger > 0:
+            elif args.linger:
                 await asyncio.sleep(args.linger)
+            return 0
         finally:
             ep.close()
             await ep.wait_closed()
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
 
 
 # ---------------------------------------------------------------------------- fetch

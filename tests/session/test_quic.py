@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.admission import Limits
+from kvcs.auth import Authorizer
+from kvcs.endpoint import Endpoint, FetchResult, MoqtRequestError, serve_endpoints
 from kvcs.hosting import TrackHost
 from kvcs.moqt import events as ev
-from kvcs.moqt.errors import SessionCode
+from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import (
+    AuthToken,
     Location,
     LocationFilter,
     ObjectStatus,
@@ -399,3 +402,89 @@ async def test_unknown_alias_stream_over_quic_leaves_other_tracks(srv: Srv) -> N
     assert got == [(Location(0, 0), b"real"), (Location(0, 1), b"")]
     assert not peer.is_closed and not bad.is_closed
     await _close(bad)
+
+
+# ---------------------------------------------------------------- a host's admission
+
+
+@contextlib.asynccontextmanager
+async def hosting(cert: DevCertificate, **kw: object) -> AsyncIterator[tuple[TrackHost, str]]:
+    """A TrackHost listening on an ephemeral port; yields it and its URL."""
+    host = TrackHost(**kw)  # type: ignore[arg-type]
+    server = await host.listen("127.0.0.1", 0, certfile=str(cert.certfile),
+                               keyfile=str(cert.keyfile), settings=SETTINGS)
+    try:
+        yield host, f"moqt://127.0.0.1:{server.port}/"
+    finally:
+        await host.aclose()
+
+
+async def test_track_host_limits_requests_and_fetches_per_session(
+        cert: DevCertificate) -> None:
+    """A publisher serving consumers itself refuses what the relay refuses: more open
+    requests or concurrent FETCHes per session than its limits, with EXCESSIVE_LOAD and
+    the Retry Interval."""
+    async with hosting(cert, limits=Limits(max_requests=3, max_fetches=1,
+                                           retry_ms=250)) as (host, url):
+        track = host.create_track(NS, b"big")
+        for o in range(64):  # 8 MiB: a FETCH of it outlasts the arrival of the next one
+            host.publish(track, 0, o, bytes([o]) * (128 * KiB))
+        c = await Endpoint.connect(url, cafile=str(cert.certfile), settings=SETTINGS)
+        first, second = await asyncio.gather(
+            c.fetch(NS, b"big", location_filter=LocationFilter.none()),
+            c.fetch(NS, b"big", location_filter=LocationFilter.none()),
+            return_exceptions=True)
+        assert isinstance(first, FetchResult)
+        assert isinstance(second, MoqtRequestError)
+        assert second.code == RequestErrorCode.EXCESSIVE_LOAD and second.retry_interval == 250
+        assert len(await first.collect(timeout=10)) == 64
+        # the fetch is over: another one is admitted; live subscriptions count as open
+        again = await c.fetch(NS, b"big", location_filter=LocationFilter.absolute_range(
+            0, 0, 0, 1))
+        assert len(await again.collect(timeout=5)) == 2
+        subs = [await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+                for _ in range(3)]
+        with pytest.raises(MoqtRequestError) as info:
+            await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+        assert info.value.code == RequestErrorCode.EXCESSIVE_LOAD
+        assert info.value.retry_interval == 250
+        await subs[0].cancel()
+        await until(lambda: host.endpoints[0].open_requests() == 2)
+        await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+        await _close(c)
+
+
+async def test_track_host_requires_the_relays_tokens(cert: DevCertificate) -> None:
+    auth = Authorizer.from_mapping({"tokens": [
+        {"token": "reader", "subscribe": [["kv"]]},
+        {"token": "other", "subscribe": [["elsewhere"]]},
+    ]})
+    async with hosting(cert, authorizer=auth) as (host, url):
+        await host.announce(NS)
+        track = host.create_track(NS, b"t")
+        host.publish(track, 0, 0, b"for readers only")
+
+        async def client(token: bytes | None) -> Endpoint:
+            tokens = (AuthToken(3, token_type=0, value=token),) if token else ()
+            return await Endpoint.connect(url, cafile=str(cert.certfile), settings=SETTINGS,
+                                          auth_tokens=tokens)
+
+        for token in (None, b"other"):
+            c = await client(token)
+            for request in (c.subscribe(NS, b"t"), c.subscribe_namespace((b"kv",)),
+                            c.fetch(NS, b"t", location_filter=LocationFilter.none()),
+                            c.track_status(NS, b"t")):
+                with pytest.raises(MoqtRequestError) as info:
+                    await request
+                assert info.value.code == RequestErrorCode.UNAUTHORIZED
+            await _close(c)
+        reader = await client(b"reader")
+        res = await reader.fetch(NS, b"t", location_filter=LocationFilter.none())
+        assert [bytes(o.payload) for o in await res.collect(timeout=5)] == [b"for readers only"]
+        watch = await reader.subscribe_namespace((b"kv",))
+        assert await watch.next(5) == (True, NS)
+        # a token alias (we keep no token cache) closes the session, as at the relay
+        reader.session.subscribe(NS, b"t", Parameters(auth_tokens=(AuthToken(2, alias=7),)))
+        reader.flush()
+        code, _ = await asyncio.wait_for(reader.wait_closed(), 5)
+        assert code == SessionCode.UNKNOWN_AUTH_TOKEN_ALIAS

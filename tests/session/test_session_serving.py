@@ -313,7 +313,7 @@ def test_fill_failure_resets_fill_stream_and_live_continues() -> None:
 def test_fill_that_cannot_be_served_is_opened_and_reset() -> None:
     s = Served()
     _fill(s.track, range(2), 2)
-    s.server.fill_handler = lambda sub_id, fill_id, start, end: False  # cannot serve fills
+    s.server = TrackServer(s.p.server, can_fill=lambda sub, fill, start, end: False)
     rid = s.p.client.subscribe(NS, b"t", Parameters(
         location_filter=LocationFilter.next_object(),
         fill=Parameters(location_filter=LocationFilter.none())))
