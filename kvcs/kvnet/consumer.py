@@ -640,10 +640,6 @@ class _Retrieval:
         assembler places them in the layers that miss them (KVCS "Verification and
         Recovery")."""
         asm = self.assembler
-        if not asm.containers_usable:
-            log.info("HTTP recovery skipped: signed digests of %s tracks",
-                     "/".join(sorted({t.codec or "" for t in asm.tracks.values()})))
-            return
         blocks = asm.container_blocks(missing)
         if not blocks:
             return
