@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
@@ -48,14 +49,16 @@ class Recorder(Endpoint):
 
 
 @contextlib.asynccontextmanager
-async def direct_host(cert: DevCertificate) -> AsyncIterator[tuple[TrackHost, str, Requests]]:
-    """(host, its moqt:// URL, the request log); the host is closed on exit."""
+async def direct_host(cert: DevCertificate, **listen: Any,
+                      ) -> AsyncIterator[tuple[TrackHost, str, Requests]]:
+    """(host, its moqt:// URL, the request log); the host is closed on exit. ``listen``:
+    more :meth:`TrackHost.listen` options (e.g. ``max_filter_ranges``)."""
     log = Requests()
     cls = type("Recording", (Recorder,), {"log": log})
     host = TrackHost()
     server = await host.listen("127.0.0.1", 0, certfile=str(cert.certfile),
                                keyfile=str(cert.keyfile), settings=SETTINGS,
-                               endpoint_class=cls)
+                               endpoint_class=cls, **listen)
     try:
         yield host, f"moqt://127.0.0.1:{server.port}/", log
     finally:
