@@ -7,6 +7,7 @@ constant-time token comparison."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,12 +19,14 @@ from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.kv.codecs import encode_component
 from kvcs.kv.component import Component
+from kvcs.kv.ids import CompatDescriptor
+from kvcs.kv.manifest import Manifest
 from kvcs.kv.payload import build_payload_bytes
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
 from kvcs.moqt.track import Track
-from kvcs.moqt.wire import LocationFilter, ObjectStatus
+from kvcs.moqt.wire import PARAM_OBJECTID_FILTER, Fetch, GroupOrder, LocationFilter, ObjectStatus
 from kvcs.moqt.wire.properties import (
     DEFAULT_PUBLISHER_PRIORITY,
     MAX_CACHE_DURATION,
@@ -31,7 +34,7 @@ from kvcs.moqt.wire.properties import (
     SUBGROUP_DELIVERY_TIMEOUT,
 )
 from kvcs.testing import LocalNet, until
-from kvcs.transport import DevCertificate
+from kvcs.transport import DevCertificate, QuicSettings
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .recording import SETTINGS, Requests, connect, direct_host
@@ -241,3 +244,75 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
     calls.clear()
     assert a.allowed([b"bravo"], auth.SUBSCRIBE, (b"kvcs-1", b"s"))
     assert [x for x, _ in calls] == [b"alpha", b"bravo"]
+
+
+async def test_manifest_versions() -> None:
+    """Each version is Object 0 of a new Group (IDs +1 per version): one at the start, one
+    at least every eight completed layers, one when a segment is added, one when it
+    completes; every completed layer's object digests are listed."""
+    desc = CompatDescriptor.from_dict({**DESC.members, "layers": 20})
+    host = TrackHost()  # the published objects, as every subscriber is served them
+    pub = KvPublisher(host, SCOPE, desc, PROMPT)
+    data = [cache(105)[i % LAYERS] for i in range(20)]
+    for i, (k, v) in enumerate(data):
+        await pub.put_layer(i, k, v)
+    pub.add_segment(PROMPT[:BLOCK] + 7)
+    track = host.tracks[(pub.fields, b"manifest")]
+    objs = [o for o in track.objects(type(track.largest)(0, 0))  # type: ignore[misc]
+            if o.status == ObjectStatus.NORMAL]
+    assert [(o.group_id, o.object_id) for o in objs] == [(g, 0) for g in range(5)]
+    versions = [Manifest.parse(bytes(o.payload)) for o in objs]
+    # start, 8 and 16 completed layers, segment 0 complete (20), segment 1 added
+    assert [len(m.segments[0].object_digests["k.raw.s0"]) for m in versions] == \
+        [0, 8, 16, 20, 20]  # type: ignore[index]
+    assert [m.segments[0].complete for m in versions] == [False] * 3 + [True] * 2
+    assert [len(m.segments) for m in versions] == [1, 1, 1, 1, 2]
+
+
+async def test_completed_retrieval_requests(direct: tuple[TrackHost, str, Requests],
+                                            cert: DevCertificate) -> None:
+    """Layers a..b of a completed segment: one FETCH per data track with Absolute Start,
+    Group End {a, 0} + b-a, GROUP_ORDER Ascending, OBJECTID_FILTER 0..n-1."""
+    host, url, log = direct
+    pub = KvPublisher(host, SCOPE, DESC, PROMPT)
+    for i, (k, v) in enumerate(cache(106)):
+        await pub.put_layer(i, k, v)
+    await pub.finish()
+    c = KvConsumer(await connect(url, cert), SCOPE, DESC, PROMPT)
+    found = await c.discover()
+    assert found is not None
+    log.seen.clear()
+    got = [x async for x in c.prefix_layers(found, range(2, 5), blocks=5)]
+    assert [x.index for x in got] == [2, 3, 4] and c.stats.excess == 0
+    fetches = [(n, m) for n, m in log.seen if isinstance(m, Fetch)]
+    assert sorted(n for n, _ in fetches) == [b"k.raw.s0", b"v.raw.s0"]
+    for _, m in fetches:
+        assert m.params.location_filter == LocationFilter.absolute_group_end(2, 0, 2)
+        assert m.params.group_order == GroupOrder.ASCENDING
+        [rf] = m.params.range_filters
+        assert rf.param_type == PARAM_OBJECTID_FILTER and list(rf.ranges) == [(0, 4)]
+    c.endpoint.close()
+    await c.endpoint.wait_closed()
+
+
+async def test_enough_streams_for_pipelined_layers(net: LocalNet) -> None:
+    """A 96-layer cache published at once to a live consumer: 192 subgroup streams
+    (k and v, one per layer) open together; the endpoints grant enough of them."""
+    assert QuicSettings().max_streams_uni >= 2 * 96
+    desc = CompatDescriptor.from_dict({**DESC.members, "layers": 96, "head_dim": 8})
+    data = [(k[:, :, :8].copy(), v[:, :, :8].copy()) for k, v in cache(107)]
+    relay = await net.relay()
+    pub = KvPublisher(await net.client(relay), SCOPE, desc, PROMPT)
+    await pub.start()
+    c = KvConsumer(await net.client(relay), SCOPE, desc, PROMPT)
+    found = await c.discover()
+    assert found is not None
+    layers = c.prefix_layers(found)
+    reader = asyncio.ensure_future(anext(layers))
+    await asyncio.sleep(0.1)  # subscribed
+    for i in range(96):
+        await pub.put_layer(i, *data[i % LAYERS])
+    await pub.finish()
+    got = [await reader] + [x async for x in layers]
+    assert [x.index for x in got] == list(range(96))
+    assert all(same(x.k, data[x.index % LAYERS][0]) for x in got)
