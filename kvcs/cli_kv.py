@@ -119,8 +119,11 @@ async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=str(args.log_level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = str(args.log_level).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLevelName(level) in (logging.WARNING, logging.ERROR):
+        # aioquic logs a failed handshake as a warning; the command reports it in one line
+        logging.getLogger("quic").setLevel(logging.ERROR)
 
 
 def _progress(what: str, i: int, n: int, t0: float, nbytes: int | None = None) -> None:
