@@ -432,8 +432,9 @@ class KvConsumer:
         track: ManifestTrack | None = None
         try:
             async with asyncio.timeout(self.recompute_budget_s):
-                track = await ManifestTrack.open(ep, pub.fields,
-                                                 require_signed=self.require_signed)
+                track = await ManifestTrack.open(
+                    ep, pub.fields, require_signed=self.require_signed,
+                    retry_until=asyncio.get_running_loop().time() + self.recompute_budget_s)
                 blob = await track.next_version()
                 if blob is None:
                     raise ManifestError("the manifest track ended without a version")

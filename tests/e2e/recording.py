@@ -25,6 +25,8 @@ class Requests:
     seen: list[tuple[bytes, Subscribe | Fetch]] = field(default_factory=list)
     refuse: dict[bytes, int] = field(default_factory=dict)
     """Track name -> the REQUEST_ERROR code its SUBSCRIBE and FETCH get."""
+    refuse_once: dict[bytes, list[int]] = field(default_factory=dict)
+    """Track name -> the codes its next requests get, one each (then ``refuse``)."""
 
     def names(self, kind: type = object) -> list[bytes]:
         """Names of the requested tracks (of one request type), in order."""
@@ -41,8 +43,10 @@ class Recorder(Endpoint):
         if isinstance(m, Subscribe | Fetch):
             name = bytes(m.name)
             self.log.seen.append((name, m))
-            if name in self.log.refuse:
-                self.session.request_error(e.request_id, self.log.refuse[name], "refused")
+            once = self.log.refuse_once.get(name)
+            code = once.pop(0) if once else self.log.refuse.get(name)
+            if code is not None:
+                self.session.request_error(e.request_id, code, "refused")
                 self.flush()
                 return
         super().handle_request(e)

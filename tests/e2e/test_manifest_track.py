@@ -78,21 +78,45 @@ async def test_live_consumer_subscribes_as_the_document_says(
     await _close(c)
 
 
-@pytest.mark.parametrize("code", [RequestErrorCode.EXCESSIVE_LOAD,
-                                  RequestErrorCode.UNAUTHORIZED,
-                                  RequestErrorCode.INTERNAL_ERROR])
+@pytest.mark.parametrize(("code", "transient"), [(RequestErrorCode.UNAUTHORIZED, False),
+                                                 (RequestErrorCode.NOT_SUPPORTED, False),
+                                                 (RequestErrorCode.EXCESSIVE_LOAD, True),
+                                                 (RequestErrorCode.INTERNAL_ERROR, True)])
 async def test_other_refusals_of_the_signed_track_never_downgrade(
-        direct: tuple[TrackHost, str, Requests], cert: DevCertificate, code: int) -> None:
+        direct: tuple[TrackHost, str, Requests], cert: DevCertificate, code: int,
+        transient: bool) -> None:
+    """A refusal other than DOES_NOT_EXIST is never a reason to read ``manifest``: a
+    lasting one ends the attempt, a transient one is asked again within the budget."""
     host, url, log = direct
     pub = KvPublisher(host, SCOPE, DESC, PROMPT)
     await pub.start()
     log.refuse[b"manifest.cose"] = code
-    c = await _consumer(url, cert)
+    c = await _consumer(url, cert, recompute_budget_s=0.4)
     pubs = await c.discover_all()
+    log.seen.clear()
     with pytest.raises(MoqtRequestError) as info:
         await c.manifest(pubs[0])
     assert info.value.code == code
-    assert b"manifest" not in [n for n, _ in log.seen]  # the unsigned track never asked
+    asked = log.names()
+    assert set(asked) == {b"manifest.cose"}  # the unsigned track never asked
+    assert (len(asked) > 2) is transient
+    await _close(c)
+
+
+async def test_a_transient_refusal_is_asked_again(
+        direct: tuple[TrackHost, str, Requests], cert: DevCertificate) -> None:
+    """A relay whose publisher session is just closing answers INTERNAL_ERROR, then
+    DOES_NOT_EXIST: the consumer asks again and then reads ``manifest``."""
+    host, url, log = direct
+    pub = KvPublisher(host, SCOPE, DESC, PROMPT)
+    await pub.start()
+    log.refuse_once[b"manifest.cose"] = [RequestErrorCode.INTERNAL_ERROR,
+                                         RequestErrorCode.DOES_NOT_EXIST]
+    c = await _consumer(url, cert)
+    pubs = await c.discover_all()
+    m = await c.manifest(pubs[0])
+    assert m.segments[0].blocks == len(c.keys)
+    assert log.names() == [b"manifest.cose", b"manifest.cose", b"manifest"]
     await _close(c)
 
 
