@@ -1,7 +1,8 @@
-"""``make bench``: every benchmark in one run; figures and ratios, bench-results.json.
+"""``make bench``: every benchmark in one run; the summary table and bench-results.json.
 
-Targets are stated next to each figure; they are checked here (not in the test suite),
-since these machines are shared and noisy: compare ratios within one run.
+Each suite prints its own figures; the end of the run prints ONE table of the headline
+figures with their targets (:mod:`bench.summary`). Targets are checked here (not in the
+test suite), since these machines are shared and noisy: compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main(argv: list[str]) -> int:
     """Run the selected benchmarks (default: all) and write bench-results.json (a run of
     some suites replaces their figures and keeps the others')."""
     from bench import bench_codec, bench_e2e, bench_kv, bench_moqt, bench_relay, bench_transport
+    from bench.summary import headline, rows, table
 
     suites: dict[str, Any] = {
         "codec": bench_codec.main,
@@ -42,24 +44,27 @@ def main(argv: list[str]) -> int:
     for name in chosen:
         _section(name)
         results[name] = suites[name]()
+    seconds = time.perf_counter() - t0
     path = ROOT / "bench-results.json"
     suites_out = dict(results)
-    if argv:  # one suite: keep the other suites' figures from the last run
+    if argv:  # some suites: keep the other suites' figures from the last run
         try:
             previous = json.loads(path.read_text()).get("suites", {})
         except (OSError, ValueError, AttributeError):
             previous = {}
         suites_out = {**previous, **results}
-    out: dict[str, Any] = {"suites": suites_out}
-    if "e2e" in suites_out:  # the issue's headline keys at the top level
-        out.update({k: suites_out["e2e"][k] for k in (
-            "raw_ceiling_mib_s", "e2e_goodput_ratio", "direct_goodput_ratio", "ttfl_fraction",
-            "consumer_mem_ratio", "layers")})
-    if "kv" in suites_out:  # the q8 codec's headline figures (issue #18)
-        out.update({k: suites_out["kv"][k] for k in ("q8_encode_mib_s", "q8_decode_mib_s")
-                    if k in suites_out["kv"]})
+    figures = headline(suites_out)
+    summary = rows(figures, suites_out)
+    _section(f"summary: {', '.join(chosen)} ({seconds:.0f} s)")
+    print(table(summary))
+    kept = [name for name in suites_out if name not in results]
+    if kept:
+        print(f"(figures of {', '.join(kept)}: from the previous bench-results.json)")
+    out = {**figures, "summary": summary, "suites": suites_out,
+           "run": {"suites": chosen, "seconds": round(seconds, 1),
+                   "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
+    print(f"\nwrote {path.name}")
     return 0
 
 
