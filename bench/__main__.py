@@ -8,10 +8,13 @@ test suite), since these machines are shared and noisy: compare ratios within on
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.summary import headline, rows, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +27,6 @@ def main(argv: list[str]) -> int:
     """Run the selected benchmarks (default: all) and write bench-results.json (a run of
     some suites replaces their figures and keeps the others')."""
     from bench import bench_codec, bench_e2e, bench_kv, bench_moqt, bench_relay, bench_transport
-    from bench.summary import headline, rows, table
 
     suites: dict[str, Any] = {
         "codec": bench_codec.main,
@@ -40,6 +42,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown benchmark(s) {unknown}; choose from {list(suites)}", file=sys.stderr)
         return 2
     results: dict[str, Any] = {}
+    load_before = os.getloadavg()[0]  # the host is shared: its load explains much spread
     t0 = time.perf_counter()
     for name in chosen:
         _section(name)
@@ -55,14 +58,17 @@ def main(argv: list[str]) -> int:
         suites_out = {**previous, **results}
     figures = headline(suites_out)
     summary = rows(figures, suites_out)
+    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
     _section(f"summary: {', '.join(chosen)} ({seconds:.0f} s)")
+    print(f"{os.cpu_count()} CPUs, 1-minute load average {load[0]} at the start, {load[1]} at "
+          "the end")
     print(table(summary))
     kept = [name for name in suites_out if name not in results]
     if kept:
         print(f"(figures of {', '.join(kept)}: from the previous bench-results.json)")
     out = {**figures, "summary": summary, "suites": suites_out,
-           "run": {"suites": chosen, "seconds": round(seconds, 1),
-                   "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
+           "run": {"suites": chosen, "seconds": round(seconds, 1), "cpus": os.cpu_count(),
+                   "load_average": load, "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name}")
     return 0
