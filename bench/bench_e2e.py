@@ -30,6 +30,7 @@ The median runs, direct and through the relay, are drawn to ``bench-timeline.png
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import sys
@@ -299,6 +300,7 @@ def _result(consumer: dict[str, Any], publisher: dict[str, Any], spec: Transfer,
     r = dict(consumer)
     r["seconds"] = r["end"] - t0
     r["ttfl"] = r["first"] - t0
+    r["ttfl_fraction"] = r["ttfl"] / r["seconds"]
     r["mib_s"] = r["data_bytes"] / MiB / r["seconds"]
     r["first_layer_ms"] = r["ttfl"] * 1000
     r["mean_layer_ms"] = r["seconds"] * 1000 / len(r["arrivals"])
@@ -352,13 +354,14 @@ def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r[key])[len(runs) // 2]
 
 
-def _figures(name: str, runs: list[dict[str, Any]], key: str = "mib_s",
-             digits: int = 1) -> dict[str, Any]:
-    """``{name: median, name_range: [min, max]}`` of ``key`` over ``runs``."""
-    values = [r[key] for r in runs]
-    return {name: round(_median(values), digits),
-            f"{name.removesuffix('_mib_s').removesuffix('_ms_per_mib')}_range":
-                [round(min(values), digits), round(max(values), digits)]}
+def _figures(stem: str, suffix: str, values: list[float], digits: int = 1) -> dict[str, Any]:
+    """``{stem + suffix: median, stem + "_range": [min, max]}`` of ``values``."""
+    return {stem + suffix: round(_median(values), digits),
+            f"{stem}_range": [round(min(values), digits), round(max(values), digits)]}
+
+
+def _of(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in runs]
 
 
 def main(relay_library: str | None = None) -> dict[str, Any]:
@@ -388,7 +391,8 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
 
-        def kvcs_relay(datagram_size: int | None = None) -> Any:
+        def kvcs_relay(datagram_size: int | None = None
+                       ) -> contextlib.AbstractContextManager[RelayProcess]:
             return relay_process("kvcs", tmp, datagram_size, relay_library)
 
         with kvcs_relay() as relay:
@@ -413,48 +417,44 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
                 except Exception as exc:  # reported in the figures, the rest still runs
                     moqdev_note = f"moq-dev relay run failed: {type(exc).__name__}: {exc}"
     raw = _median(raws)
-    e2e = _median_run(e2es, "ttfl")
-    direct = _median_run(directs, "ttfl")
-    e2e_mib = _median([r["mib_s"] for r in e2es])
+    e2e_mib = _median(_of(e2es, "mib_s"))
     res: dict[str, Any] = {
         "quic_library": QUIC_LIBRARY,
         "layers": LAYERS,
         "cache_mib": round(total / MiB, 1),
         "runs": RUNS,
-        "raw_same_library_mib_s": round(raw, 1),
-        "raw_same_library_range": [round(min(raws), 1), round(max(raws), 1)],
+        **_figures("raw_same_library", "_mib_s", raws),
         "raw_aioquic_mib_s": round(raw_aioquic, 1),
-        **_figures("direct_mib_s", directs),
-        **_figures("e2e_mib_s", e2es),
-        **_figures("completed_pull_mib_s", pulls),
-        **_figures("one_process_mib_s", ones),
+        **_figures("direct", "_mib_s", _of(directs, "mib_s")),
+        **_figures("e2e", "_mib_s", _of(e2es, "mib_s")),
+        **_figures("completed_pull", "_mib_s", _of(pulls, "mib_s")),
+        **_figures("one_process", "_mib_s", _of(ones, "mib_s")),
         "e2e_cold_mib_s": round(cold["mib_s"], 1),
-        "ttfl_fraction_direct": round(_median([_ttfl(r) for r in directs]), 4),
-        "ttfl_fraction_direct_range": _range([_ttfl(r) for r in directs]),
-        "ttfl_fraction_relay": round(_ttfl(e2e), 4),
-        "ttfl_fraction_relay_range": _range([_ttfl(r) for r in e2es]),
-        "ttfl_fraction_completed_pull": round(_median([_ttfl(r) for r in pulls]), 4),
-        "ttfl_fraction_cold": round(_ttfl(cold), 4),
-        "ttfl_fraction_one_process": round(_median([_ttfl(r) for r in ones]), 4),
-        "first_layer_ms": round(e2e["first_layer_ms"], 1),
-        "mean_layer_ms": round(e2e["mean_layer_ms"], 1),
+        **_figures("ttfl_fraction_direct", "", _of(directs, "ttfl_fraction"), 4),
+        **_figures("ttfl_fraction_relay", "", _of(e2es, "ttfl_fraction"), 4),
+        "ttfl_fraction_completed_pull": round(_median(_of(pulls, "ttfl_fraction")), 4),
+        "ttfl_fraction_cold": round(cold["ttfl_fraction"], 4),
+        "ttfl_fraction_one_process": round(_median(_of(ones, "ttfl_fraction")), 4),
         "consumer_mem_ratio": round(max(r["rss_growth"] / r["data_bytes"] for r in e2es), 3),
         "ethernet_datagram_size": ETHERNET_DATAGRAM,
-        "ethernet_raw_mib_s": round(_median(ethernet_raws), 1),
-        "ethernet_raw_range": [round(min(ethernet_raws), 1), round(max(ethernet_raws), 1)],
-        **_figures("ethernet_e2e_mib_s", kvcs_eth),
-        **_figures("relay_cpu_ms_per_mib", kvcs_eth, "relay_cpu_ms_per_mib", 2),
-        **_figures("relay_cpu_loopback_ms_per_mib", e2es, "relay_cpu_ms_per_mib", 2),
+        **_figures("ethernet_raw", "_mib_s", ethernet_raws),
+        **_figures("ethernet_e2e", "_mib_s", _of(kvcs_eth, "mib_s")),
+        **_figures("relay_cpu", "_ms_per_mib", _of(kvcs_eth, "relay_cpu_ms_per_mib"), 2),
+        **_figures("relay_cpu_loopback", "_ms_per_mib", _of(e2es, "relay_cpu_ms_per_mib"), 2),
     }
+    e2e = _median_run(e2es, "ttfl_fraction")  # its first layer and timeline are shown
+    direct = _median_run(directs, "ttfl_fraction")
+    res["first_layer_ms"] = round(e2e["first_layer_ms"], 1)
+    res["mean_layer_ms"] = round(e2e["mean_layer_ms"], 1)
     res["direct_same_library_ratio"] = round(res["direct_mib_s"] / raw, 3)
     res["e2e_same_library_ratio"] = round(e2e_mib / raw, 3)
     res["completed_pull_same_library_ratio"] = round(res["completed_pull_mib_s"] / raw, 3)
     res["one_process_ratio"] = round(res["one_process_mib_s"] / e2e_mib, 3)
     res["ethernet_e2e_ratio"] = round(res["ethernet_e2e_mib_s"] / res["ethernet_raw_mib_s"], 3)
     if moqdev_eth:
-        res.update(_figures("moqdev_e2e_mib_s", moqdev_eth))
-        res.update(_figures("moqdev_relay_cpu_ms_per_mib", moqdev_eth,
-                            "relay_cpu_ms_per_mib", 2))
+        res.update(_figures("moqdev_e2e", "_mib_s", _of(moqdev_eth, "mib_s")))
+        res.update(_figures("moqdev_relay_cpu", "_ms_per_mib",
+                            _of(moqdev_eth, "relay_cpu_ms_per_mib"), 2))
         res["relay_cpu_ratio_to_moqdev"] = round(
             res["relay_cpu_ms_per_mib"] / res["moqdev_relay_cpu_ms_per_mib"], 2)
     if moqdev_note is not None:
@@ -468,14 +468,6 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
                                f"{LAYERS} layers, {res['cache_mib']:.0f} MiB of K/V, "
                                f"{QUIC_LIBRARY}, loopback; the runs of median first layer"))
     return res
-
-
-def _ttfl(r: dict[str, Any]) -> float:
-    return float(r["ttfl"] / r["seconds"])
-
-
-def _range(values: list[float], digits: int = 4) -> list[float]:
-    return [round(min(values), digits), round(max(values), digits)]
 
 
 def _print(res: dict[str, Any]) -> None:
