@@ -10,7 +10,7 @@ listening and stops on SIGTERM or when its standard input closes (the parent is 
   bench's loopback settings or ``--datagram-size``-byte datagrams.
 * ``moq-dev``: ``moq.Server`` from moq-ffi (the ``interop`` extra) without origins, which
   relays between its sessions (docs/interop.md). Its QUIC stack (noq, a quinn fork)
-  chooses its own datagram size: it probes the path MTU up to 1452 bytes.
+  chooses its own datagram size: :data:`MOQDEV_DATAGRAM`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ from pathlib import Path
 from bench._proc import process_cpu_seconds
 
 KINDS = ("kvcs", "moq-dev")
+
+MOQDEV_DATAGRAM = 1200
+"""Largest datagram moq-ffi 0.4.18's relay sends: a UDP proxy between it and a kvcs
+consumer saw none above 1200 bytes in a 128 MiB transfer (no path MTU discovery;
+MOQ_SERVER_QUIC_MTU_DISCOVERY in its environment changed nothing). Comparisons give the
+kvcs parties this size too, so that both relays carry the same datagrams."""
 ROOT = Path(__file__).resolve().parent.parent
 
 

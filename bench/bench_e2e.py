@@ -12,12 +12,14 @@ throughput of the same QUIC library with the same settings, measured in the same
 * consumer peak memory (RSS growth) as a ratio to the bytes of the layers it holds;
 * one process (issue #19): publisher and consumer in ONE process (one event loop), the
   relay in another, as a ratio to the three-process e2e run;
-* ethernet: 1452-byte datagrams everywhere: raw QUIC, and the live cache through the kvcs
-  relay and through moq-dev/moq's relay (moq-ffi) carrying the same traffic (the
-  interop options of docs/interop.md: hex namespace, the consumer's "moq-dev" relay
-  profile, group caps, no End of Track; fresh sessions, since retrieving the completed
-  warm-up cache through moq-dev's relay stalls), with each relay's CPU milliseconds per
-  MiB of K/V while it forwards the cache.
+* ethernet: Ethernet-sized (1452-byte) datagrams everywhere: raw QUIC, and the live cache
+  through the kvcs relay;
+* versus moq-dev: the live cache through the kvcs relay and through moq-dev/moq's relay
+  (moq-ffi) carrying the same traffic: the interop options of docs/interop.md (hex
+  namespace, the consumer's "moq-dev" relay profile, group caps, no End of Track), the
+  datagram size moq-dev's relay sends (:data:`bench._relays.MOQDEV_DATAGRAM`) and fresh
+  sessions (retrieving the completed warm-up cache through moq-dev's relay stalls); each
+  relay's CPU milliseconds per MiB of K/V while it forwards the cache, and MiB/s.
 
 Headline runs are medians of :data:`RUNS` (ranges kept), each on a fresh relay, on warm
 sessions: before the measured cache, the publisher's session publishes and the
@@ -47,7 +49,7 @@ import numpy as np
 
 from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY, quic_settings
-from bench._relays import RelayProcess, moqdev_available, relay_process
+from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
@@ -376,18 +378,20 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
     raw_aioquic = raw_ceiling("aioquic")  # reference only: kvcs runs on QUIC_LIBRARY
     raws: list[float] = []
     ethernet_raws: list[float] = []
+    ethernet = Transfer(datagram_size=ETHERNET_DATAGRAM)
     # Fresh sessions: through moq-dev's relay the completed warm-up cache stalls (the K
     # track's per-layer FETCHes deliver nothing, V's do: 528 of 1024 objects arrive), so
     # both relays carry only the live cache.
-    ethernet = Transfer(warm=False, interop=True, datagram_size=ETHERNET_DATAGRAM)
+    versus_moqdev = Transfer(warm=False, interop=True, datagram_size=MOQDEV_DATAGRAM)
     moqdev_note = None if moqdev_available() else (
         "moq-ffi not installed (pip install -e '.[interop]')")
     e2es: list[dict[str, Any]] = []
     pulls: list[dict[str, Any]] = []
     directs: list[dict[str, Any]] = []
     ones: list[dict[str, Any]] = []
-    kvcs_eth: list[dict[str, Any]] = []
-    moqdev_eth: list[dict[str, Any]] = []
+    ethernets: list[dict[str, Any]] = []
+    kvcs_cmp: list[dict[str, Any]] = []
+    moqdev_cmp: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
 
@@ -409,11 +413,13 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
                 ones.append(asyncio.run(_run_one_process(relay, Transfer())))
             ethernet_raws.append(raw_ceiling(QUIC_LIBRARY, "ethernet"))
             with kvcs_relay(ETHERNET_DATAGRAM) as relay:
-                kvcs_eth.append(asyncio.run(_run(relay, cert, ethernet)))
+                ethernets.append(asyncio.run(_run(relay, cert, ethernet)))
+            with kvcs_relay(MOQDEV_DATAGRAM) as relay:
+                kvcs_cmp.append(asyncio.run(_run(relay, cert, versus_moqdev)))
             if moqdev_note is None:
                 try:
                     with relay_process("moq-dev", tmp) as relay:  # ~7 s a run
-                        moqdev_eth.append(asyncio.run(_run(relay, cert, ethernet, 60.0)))
+                        moqdev_cmp.append(asyncio.run(_run(relay, cert, versus_moqdev, 60.0)))
                 except Exception as exc:  # reported in the figures, the rest still runs
                     moqdev_note = f"moq-dev relay run failed: {type(exc).__name__}: {exc}"
     raw = _median(raws)
@@ -438,9 +444,13 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
         "consumer_mem_ratio": round(max(r["rss_growth"] / r["data_bytes"] for r in e2es), 3),
         "ethernet_datagram_size": ETHERNET_DATAGRAM,
         **_figures("ethernet_raw", "_mib_s", ethernet_raws),
-        **_figures("ethernet_e2e", "_mib_s", _of(kvcs_eth, "mib_s")),
-        **_figures("relay_cpu", "_ms_per_mib", _of(kvcs_eth, "relay_cpu_ms_per_mib"), 2),
+        **_figures("ethernet_e2e", "_mib_s", _of(ethernets, "mib_s")),
+        **_figures("relay_cpu_ethernet", "_ms_per_mib",
+                   _of(ethernets, "relay_cpu_ms_per_mib"), 2),
         **_figures("relay_cpu_loopback", "_ms_per_mib", _of(e2es, "relay_cpu_ms_per_mib"), 2),
+        "moqdev_datagram_size": MOQDEV_DATAGRAM,
+        **_figures("relay_cpu", "_ms_per_mib", _of(kvcs_cmp, "relay_cpu_ms_per_mib"), 2),
+        **_figures("relay_vs_moqdev", "_mib_s", _of(kvcs_cmp, "mib_s")),
     }
     e2e = _median_run(e2es, "ttfl_fraction")  # its first layer and timeline are shown
     direct = _median_run(directs, "ttfl_fraction")
@@ -451,16 +461,16 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
     res["completed_pull_same_library_ratio"] = round(res["completed_pull_mib_s"] / raw, 3)
     res["one_process_ratio"] = round(res["one_process_mib_s"] / e2e_mib, 3)
     res["ethernet_e2e_ratio"] = round(res["ethernet_e2e_mib_s"] / res["ethernet_raw_mib_s"], 3)
-    if moqdev_eth:
-        res.update(_figures("moqdev_e2e", "_mib_s", _of(moqdev_eth, "mib_s")))
+    if moqdev_cmp:
+        res.update(_figures("moqdev_e2e", "_mib_s", _of(moqdev_cmp, "mib_s")))
         res.update(_figures("moqdev_relay_cpu", "_ms_per_mib",
-                            _of(moqdev_eth, "relay_cpu_ms_per_mib"), 2))
+                            _of(moqdev_cmp, "relay_cpu_ms_per_mib"), 2))
         res["relay_cpu_ratio_to_moqdev"] = round(
             res["relay_cpu_ms_per_mib"] / res["moqdev_relay_cpu_ms_per_mib"], 2)
     if moqdev_note is not None:
         res["moqdev_note"] = moqdev_note
     res["rejected_objects"] = sum(r["rejected"] for r in (
-        cold, *e2es, *pulls, *directs, *ones, *kvcs_eth, *moqdev_eth))
+        cold, *e2es, *pulls, *directs, *ones, *ethernets, *kvcs_cmp, *moqdev_cmp))
     res["timeline"] = {"direct": direct["timeline"], "relay": e2e["timeline"]}
     res["seconds"] = round(time.perf_counter() - t_start, 1)
     _print(res)
@@ -504,16 +514,19 @@ def _print(res: dict[str, Any]) -> None:
     print(f"  consumer peak memory / held (highest run) {res['consumer_mem_ratio']:.2f}")
     print(f"  kvcs relay CPU, loopback settings: {res['relay_cpu_loopback_ms_per_mib']:.2f} "
           f"ms/MiB {rng('relay_cpu_loopback_range', '.2f')}")
-    print(f"  {ETHERNET_DATAGRAM}-byte datagrams, moq-dev-compatible traffic (hex namespace, "
-          f"moq-dev relay profile), fresh sessions:")
-    print(f"    raw {lib} single stream        {res['ethernet_raw_mib_s']:7.1f} MiB/s "
-          f"{rng('ethernet_raw_range')}")
-    print(f"    live via the kvcs relay        {res['ethernet_e2e_mib_s']:7.1f} MiB/s "
-          f"{rng('ethernet_e2e_range')} (ratio {res['ethernet_e2e_ratio']:.2f}); relay CPU "
-          f"{res['relay_cpu_ms_per_mib']:.2f} ms/MiB {rng('relay_cpu_range', '.2f')}")
+    print(f"  {ETHERNET_DATAGRAM}-byte datagrams: raw {lib} single stream "
+          f"{res['ethernet_raw_mib_s']:.1f} MiB/s {rng('ethernet_raw_range')}; live via the "
+          f"relay {res['ethernet_e2e_mib_s']:.1f} MiB/s {rng('ethernet_e2e_range')} (ratio "
+          f"{res['ethernet_e2e_ratio']:.2f}), relay CPU {res['relay_cpu_ethernet_ms_per_mib']:.2f}"
+          f" ms/MiB")
+    print(f"  versus moq-dev/moq's relay: the same live traffic (hex namespace, moq-dev relay "
+          f"profile, {MOQDEV_DATAGRAM}-byte datagrams, fresh sessions):")
+    print(f"    kvcs relay      {res['relay_vs_moqdev_mib_s']:7.1f} MiB/s "
+          f"{rng('relay_vs_moqdev_range')}, relay CPU {res['relay_cpu_ms_per_mib']:.2f} ms/MiB "
+          f"{rng('relay_cpu_range', '.2f')}")
     if "moqdev_e2e_mib_s" in res:
-        print(f"    live via moq-dev/moq's relay   {res['moqdev_e2e_mib_s']:7.1f} MiB/s "
-              f"{rng('moqdev_e2e_range')}; relay CPU {res['moqdev_relay_cpu_ms_per_mib']:.2f} "
+        print(f"    moq-dev relay   {res['moqdev_e2e_mib_s']:7.1f} MiB/s "
+              f"{rng('moqdev_e2e_range')}, relay CPU {res['moqdev_relay_cpu_ms_per_mib']:.2f} "
               f"ms/MiB {rng('moqdev_relay_cpu_range', '.2f')} (kvcs relay / moq-dev: "
               f"{res['relay_cpu_ratio_to_moqdev']:.2f})")
     if "moqdev_note" in res:
