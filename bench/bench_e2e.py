@@ -476,7 +476,8 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
     _print(res)
     print("  " + draw_timeline(res["timeline"], TIMELINE_PNG,
                                f"{LAYERS} layers, {res['cache_mib']:.0f} MiB of K/V, "
-                               f"{QUIC_LIBRARY}, loopback; the runs of median first layer"))
+                               f"{QUIC_LIBRARY}, loopback; of {RUNS} runs each, the one of "
+                               "median first-layer fraction"))
     return res
 
 
