@@ -46,7 +46,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
 
-bench: $(STAMP)
+# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:
