@@ -326,6 +326,8 @@ class ControlPlane:
                 self._on_subscribe_ok(req, msg)
             case FetchOk():
                 self._out.event(ev.FetchAccepted(rid, msg))
+                if req.streams_ended:  # the fetch stream overtook FETCH_OK: complete
+                    self._requests.forget(req)
             case PublishDone():
                 req.publish_done = msg
                 self._subscription_may_end(req)
@@ -353,7 +355,7 @@ class ControlPlane:
         limit = self._config.max_request_updates
         if limit and len(req.updates) >= limit:
             raise ProtocolError(SessionCode.TOO_MANY_REQUEST_UPDATES, "too many REQUEST_UPDATEs")
-        self._requests.add_update(msg.request_id, req)
+        self._requests.add_peer_update(msg.request_id, req)
         if msg.params.subscriber_priority is not None:
             req.subscriber_priority = msg.params.subscriber_priority
         self._out.event(ev.UpdateReceived(req.request_id, msg.request_id, msg.params))
@@ -376,9 +378,38 @@ class ControlPlane:
         self._data.bind_alias(msg.track_alias, req)
         self._data.abandon_held()
 
-    def subscription_stream_ended(self, req: Request) -> None:
-        """A data stream of a subscription we receive ended (the data plane counts it)."""
-        self._subscription_may_end(req)
+    def data_stream_ended(self, req: Request, sent: bool) -> None:
+        """A data stream of ``req`` ended: one we sent (``sent``) or one we received (the
+        data plane counted it). Ends a FETCH on either side, or a subscription we receive
+        whose PUBLISH_DONE waited for it."""
+        if req.kind is RequestKind.FETCH:
+            if sent:
+                self._fetch_may_finish(req)
+            else:
+                self._fetch_received(req)
+        elif not sent and req.we_subscribe:
+            self._subscription_may_end(req)
+
+    def _fetch_may_finish(self, req: Request) -> None:
+        """A FETCH we serve is complete once FETCH_OK is out and its fetch stream has
+        ended (FIN or reset): FIN our half of the request stream, its final act (digest
+        8.2, 8.4). Updates still unanswered are moot then: the objects are all sent."""
+        if (req.side is Side.RESPONDER and req.streams_opened and not req.open_streams
+                and req.responder_state is RequestState.ACCEPTED and not req.send_closed):
+            req.end_of_stream(Side.RESPONDER)
+            self._end_our_half(req)
+            self._forget_if_closed(req)
+
+    def _fetch_received(self, req: Request) -> None:
+        """The fetch stream of our FETCH ended (FIN or reset): we will send no more
+        updates (FIN, digest 8.2) and, once FETCH_OK is in, keep nothing of it (8.4: the
+        subscriber keeps fetch state until the data stream's FIN or reset); the
+        responder's FIN then finds the stream forgotten and is ignored."""
+        if not req.send_closed:
+            req.end_of_stream(Side.REQUESTER)
+            self._end_our_half(req)
+        if req.responded:
+            self._requests.forget(req)
 
     def _subscription_may_end(self, req: Request) -> None:
         """After PUBLISH_DONE, the subscription ends once the streams it counts have ended
@@ -400,6 +431,8 @@ class ControlPlane:
         """The peer finished its half of the request stream."""
         req.receive_closed = True
         answered = req.responded
+        fetch_accepted = (req.kind is RequestKind.FETCH and req.side is Side.REQUESTER
+                          and req.responder_state is RequestState.ACCEPTED)
         ending = req.end_of_stream(req.side.other)
         rid = req.request_id
         if req.side is Side.REQUESTER:
@@ -408,11 +441,23 @@ class ControlPlane:
                 reason = ("responder ended" if answered and req.kind in _NAMESPACE_REQUESTS
                           else "stream ended without a final response")
                 self._out.event(ev.RequestFailed(rid, None, reason))
-            if not req.send_closed and req.kind is not RequestKind.PUBLISH:
+            if not req.send_closed and (req.kind is not RequestKind.PUBLISH
+                                        or ending is Ending.CLEAN):
                 # the responder is done: FIN our side too (digest 8.2) so both ends forget
+                # (a PUBLISH lives on while we publish, unless it was refused)
                 self._end_our_half(req)
-        elif ending is Ending.WITHDRAWN:
-            self._out.event(ev.RequestCancelled(rid, None))
+        else:
+            if ending is Ending.WITHDRAWN:
+                self._out.event(ev.RequestCancelled(rid, None))
+            if not req.send_closed and req.finished:
+                # the requester withdrew it or sent its final message (PUBLISH_DONE): the
+                # request is over for us too, end our half so that both ends forget it
+                self._end_our_half(req)
+        if fetch_accepted and not req.streams_ended:
+            # the fetch stream may still be on its way (streams are not ordered): keep
+            # the request until it ends (digest 8.4), see _fetch_received
+            self._requests.close_stream(req)
+            return
         self._forget_if_closed(req)
 
     def _withdraw_namespaces(self, req: Request) -> None:
@@ -627,6 +672,7 @@ class ControlPlane:
         if req is not None:
             self._send(req, FetchOk(end_of_track, Location(*end_location), Parameters(),
                                     tuple(track_properties)))
+            self._fetch_may_finish(req)  # its fetch stream may have ended already
 
     def request_ok(self, request_id: int, params: Parameters, track_properties: Properties,
                    update_id: int | None) -> None:

@@ -33,7 +33,7 @@ from .actions import (
 )
 from .errors import SessionUsageError, StreamResetCode
 from .outbox import Outbox
-from .requests import SUBSCRIPTIONS, Request, RequestKind, RequestRegistry, Side
+from .requests import Request, RequestKind, RequestRegistry, Side
 from .wire import (
     MAX_VI64,
     DataStreamParser,
@@ -85,11 +85,13 @@ class DataStreams:
     docstring."""
 
     def __init__(self, out: Outbox, opener: StreamOpener, requests: RequestRegistry,
-                 on_subscription_stream_ended: Callable[[Request], None]) -> None:
+                 on_stream_ended: Callable[[Request, bool], None]) -> None:
         self._out = out
         self._opener = opener
         self._requests = requests
-        self._on_subscription_stream_ended = on_subscription_stream_ended
+        self._on_stream_ended = on_stream_ended
+        """Called as (request, sent) when a data stream of the request ended: one we
+        received (``sent`` False: FIN or reset) or one we sent (FIN or reset)."""
         self._incoming: dict[int, _Incoming] = {}
         self._outgoing: dict[int, _Outgoing] = {}
         self._aliases: dict[int, Request] = {}  # Track Alias -> subscription we receive
@@ -190,9 +192,8 @@ class DataStreams:
             return
         self._out.event(ev.DataStreamEnded(req.request_id, ds.stream_id, ds.kind, reset_code,
                                            ds.fill_id))
-        if req.we_subscribe:
-            req.streams_ended += 1
-            self._on_subscription_stream_ended(req)
+        req.streams_ended += 1
+        self._on_stream_ended(req, False)
 
     def receiving_for(self, req: Request) -> bool:
         """True while a data stream attributed to ``req`` is still open."""
@@ -304,8 +305,7 @@ class DataStreams:
         """Open a fetch stream of FETCH ``req`` or a fill stream of subscription ``req``."""
         writer = FetchWriter(req.request_id if fill_id is None else fill_id, req.descending)
         sid = self._opener.open_stream(True)
-        if req.kind in SUBSCRIPTIONS:
-            req.streams_opened += 1
+        req.streams_opened += 1
         req.open_streams.add(sid)
         self._outgoing[sid] = _Outgoing(req, writer)
         self._out.emit(SetStreamPriority(sid, self._priority(req, publisher_priority,
@@ -365,6 +365,7 @@ class DataStreams:
     def _closed(self, stream_id: int, s: _Outgoing) -> None:
         del self._outgoing[stream_id]
         s.request.open_streams.discard(stream_id)
+        self._on_stream_ended(s.request, True)
 
     def finish_streams(self, req: Request) -> None:
         """FIN every open data stream of ``req`` (before PUBLISH_DONE counts them)."""
@@ -379,6 +380,11 @@ class DataStreams:
             self._outgoing.pop(sid, None)
             self._out.emit(ResetStream(sid, code))
         req.open_streams.clear()
+
+    @property
+    def open_count(self) -> int:
+        """Data streams the session keeps state for, both directions."""
+        return len(self._incoming) + len(self._outgoing)
 
     def is_open(self, stream_id: int) -> bool:
         """True while a data stream we opened can still be written."""

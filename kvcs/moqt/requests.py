@@ -237,15 +237,15 @@ class Request:
     # and the ones still open
     streams_opened: int = 0
     open_streams: set[int] = field(default_factory=set)
-    # subscriber of a subscription: the PUBLISH_DONE whose counted streams have not all
-    # ended yet, and how many have
+    # receiver of a subscription or fetch: the PUBLISH_DONE whose counted streams have not
+    # all ended yet, and how many data streams have ended
     publish_done: PublishDone | None = None
     streams_ended: int = 0
     updates: deque[int] = field(default_factory=deque)
     """REQUEST_UPDATE IDs awaiting their answer, oldest first (whichever side sent them)."""
     update_ids: list[int] = field(default_factory=list)
-    """Every REQUEST_UPDATE ID of the request, answered or not: a fill stream's
-    FETCH_HEADER may name one after its answer."""
+    """Every REQUEST_UPDATE ID we sent for the request, answered or not: a fill stream's
+    FETCH_HEADER may name one after its answer. (The peer's are forgotten once answered.)"""
     namespaces: set[TrackNamespace] = field(default_factory=set)
     """SUBSCRIBE_NAMESPACE requester: the namespaces announced and not withdrawn."""
 
@@ -397,6 +397,9 @@ class RequestRegistry:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._by_id.values())
 
+    def __len__(self) -> int:
+        return len(self._by_id)
+
     def on_stream(self, stream_id: int) -> Request | None:
         """The request whose stream is still open, or None."""
         return self._by_stream.get(stream_id)
@@ -407,10 +410,17 @@ class RequestRegistry:
         return self._by_id.get(request_id) or self._by_update.get(request_id)
 
     def add_update(self, update_id: int, req: Request) -> None:
-        """A REQUEST_UPDATE of ``req`` (either direction) now awaits its answer."""
+        """We sent REQUEST_UPDATE ``update_id`` for ``req``: it awaits its answer, and a
+        fill stream may name it."""
         req.updates.append(update_id)
         req.update_ids.append(update_id)
         self._by_update[update_id] = req
+
+    @staticmethod
+    def add_peer_update(update_id: int, req: Request) -> None:
+        """The peer sent REQUEST_UPDATE ``update_id`` for ``req``: it awaits our answer
+        (nothing of it is kept after that)."""
+        req.updates.append(update_id)
 
     def answer_update(self, req: Request, update_id: int | None = None) -> int:
         """Settle an update of ``req``: ``update_id``, or the oldest one; returns its ID.

@@ -49,7 +49,7 @@ from .wire import (
     decode_vi64,
 )
 
-__all__ = ["MAX_SKIPPED_REQUEST_IDS", "Session", "SessionConfig"]
+__all__ = ["MAX_SKIPPED_REQUEST_IDS", "Session", "SessionConfig", "SessionUsage"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,16 @@ class _EarlyDatagram:
 _EarlyInput = _EarlyStreamData | _EarlyReset | _EarlyDatagram
 
 
+@dataclass(frozen=True, slots=True)
+class SessionUsage:
+    """What one session holds right now (:attr:`Session.usage`)."""
+
+    requests: int
+    """Requests with state, either role (:attr:`Session.open_requests`)."""
+    data_streams: int
+    """Data streams with state, both directions."""
+
+
 class Session:
     """A sans-IO MOQT draft-22 session. See the module docstring."""
 
@@ -89,8 +99,7 @@ class Session:
         self.config = config
         self._out = Outbox()
         self._requests = RequestRegistry()
-        self._data = DataStreams(self._out, opener, self._requests,
-                                 self._subscription_stream_ended)
+        self._data = DataStreams(self._out, opener, self._requests, self._data_stream_ended)
         self._ctl = ControlPlane(config, opener, self._out, self._requests, self._data,
                                  self._replay_early_input)
         self._control = self._ctl.control_stream  # use control_stream_id; kept for old tests
@@ -98,8 +107,8 @@ class Session:
         self._early_bytes = 0
         self._uni_prefix: dict[int, bytearray] = {}  # peer uni streams not handed on yet
 
-    def _subscription_stream_ended(self, req: Request) -> None:
-        self._ctl.subscription_stream_ended(req)
+    def _data_stream_ended(self, req: Request, sent: bool) -> None:
+        self._ctl.data_stream_ended(req, sent)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -321,6 +330,18 @@ class Session:
         """True while the session keeps state for the request (until both sides ended it
         and, for a subscription we receive, the data streams PUBLISH_DONE counts ended)."""
         return request_id in self._requests
+
+    @property
+    def open_requests(self) -> int:
+        """Requests the session keeps state for, in either role. A request is forgotten
+        once it is over on both ends: FIN both ways after its final message (a FETCH:
+        after its fetch stream ended), a cancel, or the subscription's last data stream."""
+        return len(self._requests)
+
+    @property
+    def usage(self) -> SessionUsage:
+        """What the session holds now: requests, streams, buffered bytes."""
+        return SessionUsage(len(self._requests), self._data.open_count)
 
     def subscription_info(self, request_id: int) -> Request:
         """The state of a request (read-only use: priorities, alias, message, states)."""
