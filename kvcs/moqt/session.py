@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from . import events as ev
 from .actions import Action, CloseSession, StreamOpener
-from .control import MAX_SKIPPED_REQUEST_IDS, SETUP_TYPE, ControlPlane, SessionConfig
+from .config import EARLY_ITEM_COST, MAX_SKIPPED_REQUEST_IDS, SessionConfig
+from .control import SETUP_TYPE, ControlPlane
 from .datastreams import DataStreams
 from .errors import ProtocolError, SessionCode, StreamResetCode, violation
 from .outbox import Outbox
@@ -84,12 +85,25 @@ _EarlyInput = _EarlyStreamData | _EarlyReset | _EarlyDatagram
 
 @dataclass(frozen=True, slots=True)
 class SessionUsage:
-    """What one session holds right now (:attr:`Session.usage`)."""
+    """What one session holds right now (:attr:`Session.usage`); the limits are in
+    :mod:`kvcs.moqt.config`."""
 
     requests: int
     """Requests with state, either role (:attr:`Session.open_requests`)."""
+    peer_requests: int
+    """Of those, the peer's (``max_requests``)."""
+    draining_streams: int
+    """Peer request streams refused or answered for good, remembered until the peer ends
+    them."""
     data_streams: int
-    """Data streams with state, both directions."""
+    """Data streams with state, both directions (incoming ones until they end, also when
+    stopped)."""
+    control_bytes: int
+    """Charged to ``max_control_bytes``."""
+    data_bytes: int
+    """Charged to ``max_data_bytes``."""
+    early_bytes: int
+    """Charged to ``setup_buffer_limit`` (input kept before the peer's SETUP)."""
 
 
 class Session:
@@ -99,7 +113,8 @@ class Session:
         self.config = config
         self._out = Outbox()
         self._requests = RequestRegistry()
-        self._data = DataStreams(self._out, opener, self._requests, self._data_stream_ended)
+        self._data = DataStreams(self._out, opener, self._requests, config,
+                                 self._data_stream_ended, self._track_malformed)
         self._ctl = ControlPlane(config, opener, self._out, self._requests, self._data,
                                  self._replay_early_input)
         self._control = self._ctl.control_stream  # use control_stream_id; kept for old tests
@@ -109,6 +124,9 @@ class Session:
 
     def _data_stream_ended(self, req: Request, sent: bool) -> None:
         self._ctl.data_stream_ended(req, sent)
+
+    def _track_malformed(self, req: Request, reason: str) -> None:
+        self._ctl.track_malformed(req, reason)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -212,7 +230,8 @@ class Session:
             self._data.open(sid, head, end)
 
     def _keep_early(self, item: _EarlyInput, size: int) -> None:
-        self._early_bytes += size
+        """Keep input until the peer's SETUP: ``size`` bytes of it plus the record."""
+        self._early_bytes += size + EARLY_ITEM_COST
         if self._early_bytes > self.config.setup_buffer_limit:
             raise violation("too much data before SETUP")
         self._early.append(item)
@@ -341,7 +360,15 @@ class Session:
     @property
     def usage(self) -> SessionUsage:
         """What the session holds now: requests, streams, buffered bytes."""
-        return SessionUsage(len(self._requests), self._data.open_count)
+        return SessionUsage(
+            requests=len(self._requests),
+            peer_requests=self._requests.peer_requests,
+            draining_streams=self._ctl.draining_streams,
+            data_streams=self._data.open_count,
+            control_bytes=self._ctl.budget.used,
+            data_bytes=self._data.budget.used,
+            early_bytes=self._early_bytes,
+        )
 
     def subscription_info(self, request_id: int) -> Request:
         """The state of a request (read-only use: priorities, alias, message, states)."""

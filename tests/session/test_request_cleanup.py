@@ -49,6 +49,8 @@ def test_ten_thousand_sequential_fetches_leave_no_request_state() -> None:
     for s in (p.client, p.server):
         usage = s.usage
         assert usage.requests == 0 and usage.data_streams == 0, usage
+        assert usage.draining_streams == 0 and usage.control_bytes == 0, usage
+        assert usage.data_bytes == 0, usage
 
 
 @pytest.mark.parametrize("ok_first", [True, False])
