@@ -622,19 +622,21 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ API: requests
 
-    def _start_request(self, msg: RequestMessage) -> Request:
+    def _start_request(self, build: Callable[[int], RequestMessage]) -> Request:
+        """Open a request stream, then build the message with the next Request ID: if
+        the transport cannot open a stream now (its peer's stream limit), it raises and
+        no Request ID is spent (a gap would count against the peer's skipped IDs)."""
         if self._out.closed is not None:
             raise SessionUsageError("session is closed")
-        req = self._request(msg, self._opener.open_stream(False), Side.REQUESTER)
+        stream_id = self._opener.open_stream(False)
+        rid = self._next_request_id
+        self._next_request_id += 2
+        msg = build(rid)
+        req = self._request(msg, stream_id, Side.REQUESTER)
         self._requests.add(req)
         self._out.emit(SetStreamPriority(req.stream_id, CONTROL_PRIORITY))
         self._out.emit(SendStreamData(req.stream_id, encode_message(msg)))
         return req
-
-    def _next_rid(self) -> int:
-        rid = self._next_request_id
-        self._next_request_id += 2
-        return rid
 
     def _alloc_alias(self) -> int:
         alias = self._next_alias
@@ -643,40 +645,40 @@ class ControlPlane:
 
     def subscribe(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send SUBSCRIBE; returns its Request ID."""
-        return self._start_request(Subscribe(self._next_rid(), tuple(namespace), name,
-                                             params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: Subscribe(rid, ns, name, params)).request_id
 
     def fetch(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send FETCH; returns its Request ID."""
-        return self._start_request(Fetch(self._next_rid(), tuple(namespace), name,
-                                         params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: Fetch(rid, ns, name, params)).request_id
 
     def track_status(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send TRACK_STATUS; returns its Request ID."""
-        return self._start_request(TrackStatus(self._next_rid(), tuple(namespace), name,
-                                               params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: TrackStatus(rid, ns, name, params)).request_id
 
     def publish_namespace(self, namespace: TrackNamespace, params: Parameters) -> int:
         """Send PUBLISH_NAMESPACE; returns its Request ID."""
-        return self._start_request(PublishNamespace(self._next_rid(), tuple(namespace),
-                                                    params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: PublishNamespace(rid, ns, params)).request_id
 
     def subscribe_namespace(self, prefix: TrackNamespace, params: Parameters) -> int:
         """Send SUBSCRIBE_NAMESPACE; returns its Request ID."""
-        return self._start_request(SubscribeNamespace(self._next_rid(), tuple(prefix),
-                                                      params)).request_id
+        ns = tuple(prefix)
+        return self._start_request(lambda rid: SubscribeNamespace(rid, ns, params)).request_id
 
     def subscribe_tracks(self, prefix: TrackNamespace, params: Parameters) -> int:
         """Send SUBSCRIBE_TRACKS; returns its Request ID."""
-        return self._start_request(SubscribeTracks(self._next_rid(), tuple(prefix),
-                                                   params)).request_id
+        ns = tuple(prefix)
+        return self._start_request(lambda rid: SubscribeTracks(rid, ns, params)).request_id
 
     def publish(self, namespace: TrackNamespace, name: bytes, params: Parameters,
                 track_properties: Properties, track_alias: int | None) -> int:
         """Send PUBLISH (we publish); returns its Request ID."""
         alias = self._alloc_alias() if track_alias is None else track_alias
-        req = self._start_request(Publish(self._next_rid(), tuple(namespace), name, alias,
-                                          params, tuple(track_properties)))
+        ns, props = tuple(namespace), tuple(track_properties)
+        req = self._start_request(lambda rid: Publish(rid, ns, name, alias, params, props))
         req.track_alias = alias
         return req.request_id
 
@@ -688,7 +690,7 @@ class ControlPlane:
             raise SessionUsageError("peer's MAX_REQUEST_UPDATES reached")
         uid = self._next_request_id
         self._send(req, RequestUpdate(uid, params))
-        self._next_rid()
+        self._next_request_id += 2
         self._requests.add_update(uid, req)
         if params.subscriber_priority is not None:
             req.subscriber_priority = params.subscriber_priority
