@@ -143,6 +143,16 @@ class ControlPlane:
         """Peer request streams we are done with whose peer half is still open."""
         return len(self._draining)
 
+    def drop_input(self) -> None:
+        """The session is closed: forget unfinished messages and streams being drained."""
+        for parser in self._opening.values():
+            self.budget.give(parser.buffered)
+        self._opening.clear()
+        self._draining.clear()
+        for req in self._requests:
+            self.budget.give(req.parser.buffered)
+            req.parser.clear()
+
     def is_local(self, stream_id: int) -> bool:
         """True for a stream we opened (QUIC stream ID parity)."""
         return (stream_id & 1) == (0 if self._config.is_client else 1)

@@ -73,6 +73,8 @@ class _Incoming:
     """How a held stream ended: None for FIN, a reset code, or _NOT_ENDED."""
     held_bytes: int = 0
     """What the held items are charged to the data budget."""
+    stopped: StreamError | None = None
+    """Why a held stream was stopped: reported to its request once the alias is bound."""
 
     @property
     def abandoned(self) -> bool:
@@ -242,16 +244,18 @@ class DataStreams:
         A stream of a request ends for it with that code (counted for PUBLISH_DONE); a
         malformed track cancels the request (digest 8.8)."""
         log.info("stopping data stream %d: %s", ds.stream_id, exc.reason)
-        held = ds.held is not None
-        if held:
-            for streams in self._held.values():
-                if ds in streams:
-                    streams.remove(ds)
+        if ds.held is not None:
+            ds.stopped = exc  # stays listed under its alias: see bind_alias
         self._release(ds)
         self._out.emit(StopSending(ds.stream_id, exc.code))
+        if ds.request is not None and ds.stopped is None:
+            self._stopped_for(ds, exc)
+
+    def _stopped_for(self, ds: _Incoming, exc: StreamError) -> None:
+        """A stream of ``ds.request`` was stopped: it ended for the request, with the
+        error's code; a malformed track fails the request."""
         req = ds.request
-        if req is None or held:
-            return
+        assert req is not None
         if exc.code == StreamResetCode.MALFORMED_TRACK:
             self._on_malformed(req, exc.reason)
         self._out.event(ev.DataStreamEnded(req.request_id, ds.stream_id, ds.kind, exc.code,
@@ -285,10 +289,12 @@ class DataStreams:
                 self._release(ds)
                 self._out.emit(StopSending(ds.stream_id, code))
 
-    @property
-    def incoming_count(self) -> int:
-        """Incoming data streams remembered (open, held or abandoned until they end)."""
-        return len(self._incoming)
+    def drop_input(self) -> None:
+        """The session is closed: let go of every incoming stream and what it holds."""
+        for ds in self._incoming.values():
+            self._release(ds)
+        self._incoming.clear()
+        self._held.clear()
 
     # ------------------------------------------------------------------ track aliases
 
@@ -301,10 +307,13 @@ class DataStreams:
         delivered."""
         self._aliases[alias] = req
         for ds in self._held.pop(alias, []):
+            ds.request = req
+            if ds.stopped is not None:  # stopped while held: it counts, and may fail req
+                self._stopped_for(ds, ds.stopped)
+                continue
             held, ds.held = ds.held or [], None
             self.budget.give(ds.held_bytes)
             ds.held_bytes = 0
-            ds.request = req
             for item in held:
                 self._deliver(ds, item)
             if ds.held_end != _NOT_ENDED:
@@ -321,7 +330,8 @@ class DataStreams:
             return
         for streams in self._held.values():
             for ds in streams:
-                self._abandon(ds)
+                if ds.stopped is None:
+                    self._abandon(ds)
                 if ds.held_end != _NOT_ENDED:
                     self._incoming.pop(ds.stream_id, None)
         self._held.clear()

@@ -172,6 +172,7 @@ class Session:
         self._out.emit(CloseSession(int(code), reason))
         self._out.closed = (int(code), reason)
         self._out.event(ev.SessionClosed(int(code), reason, by_peer=False))
+        self._drop_input()
 
     def connection_lost(self, code: int | None, reason: str) -> None:
         """The transport is gone (peer close, idle timeout, ...)."""
@@ -179,6 +180,17 @@ class Session:
             return
         self._out.closed = (code if code is not None else SessionCode.INTERNAL_ERROR, reason)
         self._out.event(ev.SessionClosed(self._out.closed[0], reason, by_peer=True))
+        self._drop_input()
+
+    def _drop_input(self) -> None:
+        """Closed: no more input is read, so what was kept for input still to come (early
+        input, unfinished messages and objects, held streams) is let go at once; the
+        binding may keep the session object a while longer."""
+        self._early.clear()
+        self._early_bytes = 0
+        self._uni_prefix.clear()
+        self._ctl.drop_input()
+        self._data.drop_input()
 
     def _fail(self, exc: ProtocolError) -> None:
         log.warning("closing MOQT session: %s", exc)
