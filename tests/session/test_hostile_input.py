@@ -306,3 +306,46 @@ def test_malformed_track_of_a_publish_we_receive() -> None:
     evs = list(p.client.events())
     assert ev.RequestCancelled(rid, MALFORMED) in evs
     assert not p.client.has_request(rid) and not p.client.is_closed
+
+
+def test_malformed_stream_that_overtook_subscribe_ok() -> None:
+    """The stream arrives while its SUBSCRIBE_OK is still on the way (held), and breaks
+    its track: it is stopped at once, and the subscription fails when its alias is
+    known."""
+    p = established()
+    rid = p.client.subscribe(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    w = SubgroupWriter(SubgroupHeader(9, 0, 0, None))
+    raw = w.header_bytes() + w.object_prefix(0, 0, status=3) + w.object_prefix(1, 1) + b"x"
+    p.client.stream_data(1003, raw, False)
+    assert p.client.actions() == [StopSending(1003, MALFORMED)]
+    p.server.subscribe_ok(rid, track_alias=9)
+    p.pump()
+    evs = list(p.client.events())
+    assert kinds(evs) == ["SubscribeAccepted", "RequestFailed", "DataStreamEnded"]
+    assert evs[1].code == MALFORMED and evs[2].reset_code == MALFORMED
+    assert not p.client.has_request(rid) and not p.client.is_closed
+
+
+def test_held_stream_stopped_over_the_limit_still_counts_for_publish_done() -> None:
+    """A held stream stopped for the data budget is counted once its alias is bound, so
+    the subscription still ends after PUBLISH_DONE."""
+    p = established(client_cfg=SessionConfig(is_client=True, max_data_bytes=4096))
+    rid = p.client.subscribe(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    w = SubgroupWriter(SubgroupHeader(9, 0, 0, None))
+    p.client.stream_data(1003, w.header_bytes() + w.object_prefix(0, 5000) + b"x", False)
+    assert p.client.actions() == [StopSending(1003, StreamResetCode.EXCESSIVE_LOAD)]
+    p.server.subscribe_ok(rid, track_alias=9)
+    p.pump()
+    (end,) = of_type(list(p.client.events()), ev.DataStreamEnded)
+    assert end.reset_code == StreamResetCode.EXCESSIVE_LOAD
+    # the server counts one stream it opened (here: the one above)
+    from kvcs.moqt.wire import PublishDone
+    sid = p.client.subscription_info(rid).stream_id
+    p.client.stream_data(sid, encode_message(PublishDone(2, 1, "")), True)
+    assert "SubscriptionEnded" in kinds(list(p.client.events()))
+    p.pump()
+    assert not p.client.has_request(rid) and p.client.usage.data_bytes == 0
