@@ -17,15 +17,13 @@ max_control_bytes       4 MiB       control state the peer makes us keep (its re
                                     request is refused with REQUEST_ERROR EXCESSIVE_LOAD; a
                                     live one that grows past it is cancelled (RESET_STREAM
                                     and STOP_SENDING EXCESSIVE_LOAD)
-max_filter_ranges       16          Range Filter ranges in one request (its fill's
-                                    counted apart): REQUEST_ERROR INVALID_FILTER (0x36)
-max_auth_tokens         16          Authorization Tokens in one message: a request is
-                                    refused with REQUEST_ERROR UNAUTHORIZED (0x1), a SETUP
-                                    closes the session with UNAUTHORIZED (0x2)
+max_setup_tokens        16          Authorization Tokens in the peer's SETUP (kept for the
+                                    session's life): the session closes with UNAUTHORIZED
+                                    (0x2); a request's tokens are charged to
+                                    max_control_bytes
 max_request_updates     0           REQUEST_UPDATEs awaiting our answer per request
                         (unlimited) (advertised in SETUP): TOO_MANY_REQUEST_UPDATES (0x1B);
-                                    when unlimited, each pending one is charged to
-                                    max_control_bytes instead
+                                    each pending one is also charged to max_control_bytes
 max_data_bytes          64 MiB      data the peer makes us hold on its data streams
                                     (objects being received, unfinished object headers,
                                     streams held until their Track Alias is known): the
@@ -38,6 +36,11 @@ max_object_properties   64 KiB      one object's Properties: its stream is stopp
 The namespace limits are the draft's (digest 3.6: 32 fields, 4096 bytes; PROTOCOL_VIOLATION,
 checked by the codec); a control message is at most 65535 bytes (its 16-bit Length) and an
 object payload at most :data:`~kvcs.moqt.wire.MAX_OBJECT_PAYLOAD` (PROTOCOL_VIOLATION).
+``max_filter_ranges`` (16) is advertised in SETUP and enforced where filters are applied
+(:mod:`kvcs.moqt.serving`: REQUEST_ERROR INVALID_FILTER); a request's ranges are charged to
+max_control_bytes whatever their number. A stream the peer leaves unfinished costs memory
+only within these bounds; nothing here expires it by time (CONTROL_MESSAGE_TIMEOUT /
+DATA_STREAM_TIMEOUT would need a clock from the binding).
 
 The memory bound
 ----------------
@@ -49,13 +52,15 @@ and unidirectional streams the transport lets the peer have open at once (QUIC
 ``max_streams_bidi`` / ``max_streams_uni``: 256 and 1024 by default), one session holds at
 most :func:`state_bound` bytes::
 
-    SESSION_COST + c.setup_buffer_limit + SETUP_COST + MAX_SKIPPED_REQUEST_IDS * ID_COST
+    SESSION_COST + c.setup_buffer_limit + MAX_SKIPPED_REQUEST_IDS * ID_COST
+    + CONTROL_MESSAGE_MAX + (c.max_setup_tokens + MAX_UNKNOWN_SETUP_OPTIONS) * ITEM_COST
+                                                 (the peer's SETUP as kept)
     + c.max_control_bytes + CONTROL_MESSAGE_MAX   (one message over the limit at most)
     + c.max_data_bytes + c.max_object_properties + HEADER_MAX  (one header over the limit)
     + S * TOMBSTONE_COST + U * TOMBSTONE_COST    (streams refused or stopped, kept until
                                                   the peer ends them)
 
-With the defaults and the transport's default stream limits that is about 71 MiB, 64 of it
+With the defaults and the transport's default stream limits that is about 70 MiB, 64 of it
 ``max_data_bytes``: what a publisher may legitimately have in flight. Events the
 application has not drained yet are the application's (each binding drains them after
 every input). The requests the application makes itself are not charged: their number is
@@ -102,9 +107,6 @@ ID_COST = 128
 """A skipped peer Request ID remembered until its request arrives."""
 SESSION_COST = 64 * 1024
 """A session with nothing in it (its parts, parsers, tables)."""
-SETUP_COST = 65535 + MESSAGE_COST + (16 + MAX_UNKNOWN_SETUP_OPTIONS) * ITEM_COST
-"""The peer's SETUP as kept: at most a whole control message, 16 tokens and the unknown
-options kept."""
 CONTROL_MESSAGE_MAX = 65535 + 11
 """A control message: type (at most 9 bytes), 16-bit Length, body."""
 HEADER_MAX = 64
@@ -154,7 +156,8 @@ def state_bound(config: SessionConfig, bidi_streams: int = 256, uni_streams: int
     (module docstring), when the transport lets the peer have ``bidi_streams`` and
     ``uni_streams`` streams open at once."""
     c = config
-    return (SESSION_COST + c.setup_buffer_limit + SETUP_COST
+    setup = CONTROL_MESSAGE_MAX + (c.max_setup_tokens + MAX_UNKNOWN_SETUP_OPTIONS) * ITEM_COST
+    return (SESSION_COST + c.setup_buffer_limit + setup
             + MAX_SKIPPED_REQUEST_IDS * ID_COST
             + c.max_control_bytes + CONTROL_MESSAGE_MAX
             + c.max_data_bytes + c.max_object_properties + HEADER_MAX
