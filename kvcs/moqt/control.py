@@ -14,12 +14,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from . import events as ev
 from .actions import ResetStream, SendStreamData, SetStreamPriority, StopSending, StreamOpener
+from .config import (
+    MAX_SKIPPED_REQUEST_IDS,
+    MAX_UNKNOWN_SETUP_OPTIONS,
+    REQUEST_COST,
+    RETRY_AFTER_MS,
+    UPDATE_COST,
+    SessionConfig,
+)
 from .datastreams import DataStreams
-from .errors import ProtocolError, SessionCode, SessionUsageError, StreamResetCode, violation
+from .errors import (
+    ProtocolError,
+    RequestErrorCode,
+    SessionCode,
+    SessionUsageError,
+    StreamResetCode,
+    violation,
+)
 from .outbox import Outbox
 from .requests import (
     Ending,
@@ -29,10 +43,12 @@ from .requests import (
     RequestRegistry,
     RequestState,
     Side,
+    message_footprint,
+    namespace_footprint,
 )
 from .wire import (
     MAX_VI64,
-    AuthToken,
+    ByteBudget,
     ControlStreamParser,
     Fetch,
     FetchOk,
@@ -72,42 +88,12 @@ SETUP_TYPE = Setup.TYPE
 """0x2F00: both the control stream's type and its first message's type."""
 CONTROL_PRIORITY = (0,)
 """Scheduling key of the control and request streams: ahead of every data stream."""
-MAX_SKIPPED_REQUEST_IDS = 4096
-"""Peer Request IDs that may be outstanding below the highest one seen. Each request has
-its own stream, so requests arrive out of order; a peer cannot have many more requests in
-flight than its open bidirectional streams, so a larger gap is treated as invalid."""
 UNKNOWN_STREAM_COUNT = MAX_VI64
 """PUBLISH_DONE's Stream Count when the publisher does not know it (digest 4.11)."""
 _NAMESPACE_REQUESTS = frozenset({
     RequestKind.PUBLISH_NAMESPACE, RequestKind.SUBSCRIBE_NAMESPACE,
     RequestKind.SUBSCRIBE_TRACKS,
 })
-
-
-@dataclass(slots=True)
-class SessionConfig:
-    """Settings of one MOQT session.
-
-    ``path``/``authority`` are sent as SETUP options by a client over raw QUIC (never over
-    WebTransport). ``max_filter_ranges`` and ``max_request_updates`` are what we accept
-    from the peer (advertised in our SETUP). ``setup_buffer_limit`` bounds how many bytes
-    of requests and data a peer may send before its SETUP.
-    """
-
-    is_client: bool
-    implementation: str = "kvcs/0.1"
-    path: bytes | None = None
-    authority: bytes | None = None
-    auth_tokens: tuple[AuthToken, ...] = ()
-    max_filter_ranges: int = 16
-    max_request_updates: int = 0
-    setup_buffer_limit: int = 1 << 20
-    write_window: int = 0
-    """Bytes a fetch or fill stream may have queued before its sender waits for
-    :meth:`Session.stream_writable` (0: no limit). Keeps memory bounded and lets the
-    binding's scheduler interleave streams by priority instead of draining one long
-    stream first; only set it when the binding reports writability."""
-    webtransport: bool = False
 
 
 class ControlPlane:
@@ -132,6 +118,12 @@ class ControlPlane:
         self._peer_next_request_id = self._peer_parity
         self._peer_skipped_ids: set[int] = set()  # below the next one, not seen yet
         self._opening: dict[int, ControlStreamParser] = {}  # peer streams, first message partial
+        self._draining: set[int] = set()
+        """Peer request streams we are done with (refused, or our final message sent)
+        whose peer half is still open: what arrives on them is dropped until it ends."""
+        self.budget = ByteBudget(config.max_control_bytes)
+        """Control state the peer makes us keep (``max_control_bytes``): the messages of
+        its requests, unfinished control messages, pending REQUEST_UPDATEs, namespaces."""
         self._next_alias = 0
         self.control_stream = opener.open_stream(True)
         out.emit(SetStreamPriority(self.control_stream, CONTROL_PRIORITY))
@@ -145,6 +137,21 @@ class ControlPlane:
             opts.path = config.path
             opts.authority = config.authority
         out.emit(SendStreamData(self.control_stream, encode_message(Setup(opts))))
+
+    @property
+    def draining_streams(self) -> int:
+        """Peer request streams we are done with whose peer half is still open."""
+        return len(self._draining)
+
+    def drop_input(self) -> None:
+        """The session is closed: forget unfinished messages and streams being drained."""
+        for parser in self._opening.values():
+            self.budget.give(parser.buffered)
+        self._opening.clear()
+        self._draining.clear()
+        for req in self._requests:
+            self.budget.give(req.parser.buffered)
+            req.parser.clear()
 
     def is_local(self, stream_id: int) -> bool:
         """True for a stream we opened (QUIC stream ID parity)."""
@@ -192,6 +199,10 @@ class ControlPlane:
         for tok in opts.auth_tokens:
             if tok.alias_type in (0, 2):
                 raise violation("DELETE or USE_ALIAS token in SETUP")
+        if len(opts.auth_tokens) > cfg.max_setup_tokens:
+            raise ProtocolError(SessionCode.UNAUTHORIZED, f"{len(opts.auth_tokens)} tokens in "
+                                f"SETUP (we accept {cfg.max_setup_tokens})")
+        opts.unknown = opts.unknown[:MAX_UNKNOWN_SETUP_OPTIONS]  # ignored: keep a sample
         self.peer_setup = opts
         self._out.event(ev.SessionEstablished(opts))
 
@@ -223,29 +234,80 @@ class ControlPlane:
 
     def stream_data(self, stream_id: int, data: bytes | memoryview, end: bool) -> None:
         """Bytes on a bidirectional (request) stream."""
+        if stream_id in self._draining:
+            if end:
+                self._draining.discard(stream_id)
+            return
         req = self._requests.on_stream(stream_id)
         if req is not None:
-            msgs = req.parser.feed(data)
+            msgs = self._feed(req.parser, data)
         elif self.is_local(stream_id):
             return  # a request of ours we already forgot
         else:
             # a new request stream: wait until its first message is complete
-            parser = self._opening.get(stream_id) or ControlStreamParser()
-            msgs = parser.feed(data)
+            parser = self._opening.pop(stream_id, None) or ControlStreamParser()
+            msgs = self._feed(parser, data)
             if not msgs:
                 if end:
                     raise violation("request stream ended before its first message")
-                self._opening[stream_id] = parser
+                if self.budget.over:
+                    self._refuse(stream_id, parser, "unfinished requests over our limit")
+                else:
+                    self._opening[stream_id] = parser
                 return
-            self._opening.pop(stream_id, None)
-            req = self._new_peer_request(stream_id, msgs[0], parser)
+            new = self._new_peer_request(stream_id, msgs[0], parser)
+            if new is None:  # refused: the rest of the stream is dropped
+                if end:
+                    self._draining.discard(stream_id)
+                return
+            req = new
             msgs = msgs[1:]
         for msg in msgs:
             self._on_message(req, msg)
+            if self.budget.over:
+                self._shed(req)
+                return
+        if self.budget.over:  # an unfinished message
+            self._shed(req)
+            return
         if end:
             if req.parser.buffered:
                 raise violation("request stream ended inside a message")
             self._on_peer_fin(req)
+
+    def _feed(self, parser: ControlStreamParser, data: bytes | memoryview) -> list[Message]:
+        """Feed a request stream's parser; what it keeps of an unfinished message is
+        charged to the control budget."""
+        before = parser.buffered
+        msgs = parser.feed(data)
+        self.budget.force(parser.buffered - before)
+        return msgs
+
+    def _refuse(self, stream_id: int, parser: ControlStreamParser, reason: str) -> None:
+        """Refuse a peer request stream over our limits: REQUEST_ERROR EXCESSIVE_LOAD
+        (retry after :data:`~kvcs.moqt.config.RETRY_AFTER_MS`) and FIN; what else arrives
+        on it is dropped. Nothing is kept but the stream ID, until the peer ends it."""
+        log.info("refusing request stream %d: %s", stream_id, reason)
+        self.budget.give(parser.buffered)
+        self._draining.add(stream_id)
+        msg = RequestError(RequestErrorCode.EXCESSIVE_LOAD, RETRY_AFTER_MS + 1, reason)
+        self._out.emit(SendStreamData(stream_id, encode_message(msg), end=True))
+
+    def _shed(self, req: Request) -> None:
+        """The peer's control state went over ``max_control_bytes`` on ``req``'s stream:
+        cancel that request (EXCESSIVE_LOAD); the rest of the session goes on."""
+        if self._requests.get(req.request_id) is not req:
+            return
+        code = StreamResetCode.EXCESSIVE_LOAD
+        log.warning("%s %d cancelled: the peer's control state is over our limit (%d "
+                    "bytes)", req.kind.name, req.request_id, self.budget.limit)
+        req.publish_done = None
+        self.cancel(req.request_id, code)
+        if req.side is Side.REQUESTER:
+            self._out.event(ev.RequestFailed(req.request_id, code,
+                                             "peer's control state over our limit"))
+        else:
+            self._out.event(ev.RequestCancelled(req.request_id, code))
 
     def _check_peer_request_id(self, rid: int) -> None:
         """Wrong parity or a reused ID closes the session (INVALID_REQUEST_ID). Requests
@@ -267,7 +329,9 @@ class ControlPlane:
             raise ProtocolError(SessionCode.INVALID_REQUEST_ID, f"request ID {rid} reused")
 
     def _new_peer_request(self, stream_id: int, msg: Message,
-                          parser: ControlStreamParser) -> Request:
+                          parser: ControlStreamParser) -> Request | None:
+        """The peer's request-starting message: a new request, or None if refused over
+        ``max_requests`` or ``max_control_bytes`` (REQUEST_ERROR EXCESSIVE_LOAD)."""
         if not isinstance(msg, RequestMessage):
             raise violation(f"{type(msg).__name__} cannot start a request")
         self._check_peer_request_id(msg.request_id)
@@ -275,7 +339,15 @@ class ControlPlane:
             validate_full_name(msg.namespace, msg.name)
         elif isinstance(msg, PublishNamespace):
             validate_namespace(msg.namespace_prefix)
+        if self._requests.peer_requests >= self._config.max_requests:
+            self._refuse(stream_id, parser, f"{self._config.max_requests} requests open")
+            return None
+        cost = REQUEST_COST + message_footprint(msg)
+        if not self.budget.take(cost):
+            self._refuse(stream_id, parser, "requests over our limit")
+            return None
         req = self._request(msg, stream_id, Side.RESPONDER, parser)
+        req.charged = cost
         if isinstance(msg, Publish):
             req.track_alias = msg.track_alias
             self._check_alias(msg.track_alias, req)
@@ -326,6 +398,8 @@ class ControlPlane:
                 self._on_subscribe_ok(req, msg)
             case FetchOk():
                 self._out.event(ev.FetchAccepted(rid, msg))
+                if req.streams_ended:  # the fetch stream overtook FETCH_OK: complete
+                    self._forget(req)
             case PublishDone():
                 req.publish_done = msg
                 self._subscription_may_end(req)
@@ -334,13 +408,20 @@ class ControlPlane:
             case NamespaceMsg():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
                 validate_namespace(ns)
-                req.namespaces.add(ns)
+                if ns not in req.namespaces:
+                    req.namespaces.add(ns)
+                    cost = namespace_footprint(ns)
+                    req.charged += cost
+                    self.budget.force(cost)
                 self._out.event(ev.NamespaceAnnounced(rid, ns))
             case NamespaceDone():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
                 if ns not in req.namespaces:
                     raise violation("NAMESPACE_DONE before its NAMESPACE")
                 req.namespaces.discard(ns)
+                cost = namespace_footprint(ns)
+                req.charged -= cost
+                self.budget.give(cost)
                 self._out.event(ev.NamespaceWithdrawn(rid, ns))
             case PublishSkipped():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
@@ -353,7 +434,9 @@ class ControlPlane:
         limit = self._config.max_request_updates
         if limit and len(req.updates) >= limit:
             raise ProtocolError(SessionCode.TOO_MANY_REQUEST_UPDATES, "too many REQUEST_UPDATEs")
-        self._requests.add_update(msg.request_id, req)
+        self._requests.add_peer_update(msg.request_id, req)
+        req.charged += UPDATE_COST
+        self.budget.force(UPDATE_COST)
         if msg.params.subscriber_priority is not None:
             req.subscriber_priority = msg.params.subscriber_priority
         self._out.event(ev.UpdateReceived(req.request_id, msg.request_id, msg.params))
@@ -376,9 +459,53 @@ class ControlPlane:
         self._data.bind_alias(msg.track_alias, req)
         self._data.abandon_held()
 
-    def subscription_stream_ended(self, req: Request) -> None:
-        """A data stream of a subscription we receive ended (the data plane counts it)."""
-        self._subscription_may_end(req)
+    def data_stream_ended(self, req: Request, sent: bool) -> None:
+        """A data stream of ``req`` ended: one we sent (``sent``) or one we received (the
+        data plane counted it). Ends a FETCH on either side, or a subscription we receive
+        whose PUBLISH_DONE waited for it."""
+        if req.kind is RequestKind.FETCH:
+            if sent:
+                self._fetch_may_finish(req)
+            else:
+                self._fetch_received(req)
+        elif not sent and req.we_subscribe:
+            self._subscription_may_end(req)
+
+    def track_malformed(self, req: Request, reason: str) -> None:
+        """A data stream shows the track of ``req``, which we receive, to be malformed:
+        cancel the request with MALFORMED_TRACK (digest 8.8), stop its other streams and
+        tell the application (objects delivered before stay delivered)."""
+        if self._requests.get(req.request_id) is not req:
+            return
+        code = StreamResetCode.MALFORMED_TRACK
+        log.warning("%s %d: malformed track: %s", req.kind.name, req.request_id, reason)
+        self._data.stop_receiving(req, code)
+        self.cancel(req.request_id, code)
+        if req.side is Side.REQUESTER:
+            self._out.event(ev.RequestFailed(req.request_id, code, f"malformed track: {reason}"))
+        else:
+            self._out.event(ev.RequestCancelled(req.request_id, code))
+
+    def _fetch_may_finish(self, req: Request) -> None:
+        """A FETCH we serve is complete once FETCH_OK is out and its fetch stream has
+        ended (FIN or reset): FIN our half of the request stream, its final act (digest
+        8.2, 8.4). Updates still unanswered are moot then: the objects are all sent."""
+        if (req.side is Side.RESPONDER and req.streams_opened and not req.open_streams
+                and req.responder_state is RequestState.ACCEPTED and not req.send_closed):
+            req.end_of_stream(Side.RESPONDER)
+            self._end_our_half(req)
+            self._forget_if_closed(req)
+
+    def _fetch_received(self, req: Request) -> None:
+        """The fetch stream of our FETCH ended (FIN or reset): we will send no more
+        updates (FIN, digest 8.2) and, once FETCH_OK is in, keep nothing of it (8.4: the
+        subscriber keeps fetch state until the data stream's FIN or reset); the
+        responder's FIN then finds the stream forgotten and is ignored."""
+        if not req.send_closed:
+            req.end_of_stream(Side.REQUESTER)
+            self._end_our_half(req)
+        if req.responded:
+            self._forget(req)
 
     def _subscription_may_end(self, req: Request) -> None:
         """After PUBLISH_DONE, the subscription ends once the streams it counts have ended
@@ -400,6 +527,8 @@ class ControlPlane:
         """The peer finished its half of the request stream."""
         req.receive_closed = True
         answered = req.responded
+        fetch_accepted = (req.kind is RequestKind.FETCH and req.side is Side.REQUESTER
+                          and req.responder_state is RequestState.ACCEPTED)
         ending = req.end_of_stream(req.side.other)
         rid = req.request_id
         if req.side is Side.REQUESTER:
@@ -408,26 +537,44 @@ class ControlPlane:
                 reason = ("responder ended" if answered and req.kind in _NAMESPACE_REQUESTS
                           else "stream ended without a final response")
                 self._out.event(ev.RequestFailed(rid, None, reason))
-            if not req.send_closed and req.kind is not RequestKind.PUBLISH:
+            if not req.send_closed and (req.kind is not RequestKind.PUBLISH
+                                        or ending is Ending.CLEAN):
                 # the responder is done: FIN our side too (digest 8.2) so both ends forget
+                # (a PUBLISH lives on while we publish, unless it was refused)
                 self._end_our_half(req)
-        elif ending is Ending.WITHDRAWN:
-            self._out.event(ev.RequestCancelled(rid, None))
+        else:
+            if ending is Ending.WITHDRAWN:
+                self._out.event(ev.RequestCancelled(rid, None))
+            if not req.send_closed and req.finished:
+                # the requester withdrew it or sent its final message (PUBLISH_DONE): the
+                # request is over for us too, end our half so that both ends forget it
+                self._end_our_half(req)
+        if fetch_accepted and not req.streams_ended:
+            # the fetch stream may still be on its way (streams are not ordered): keep
+            # the request until it ends (digest 8.4), see _fetch_received
+            self._requests.close_stream(req)
+            return
         self._forget_if_closed(req)
 
     def _withdraw_namespaces(self, req: Request) -> None:
         """SUBSCRIBE_NAMESPACE's stream ended: every namespace it announced is done."""
         for ns in sorted(req.namespaces):
             self._out.event(ev.NamespaceWithdrawn(req.request_id, ns))
+            cost = namespace_footprint(ns)
+            req.charged -= cost
+            self.budget.give(cost)
         req.namespaces.clear()
 
     def stream_reset(self, stream_id: int, code: int) -> None:
         """The peer reset its half of a request stream: a cancel."""
         req = self._requests.on_stream(stream_id)
-        if req is None:
-            self._opening.pop(stream_id, None)
-        else:
+        if req is not None:
             self._aborted(req, code)
+            return
+        self._draining.discard(stream_id)
+        parser = self._opening.pop(stream_id, None)
+        if parser is not None:
+            self.budget.give(parser.buffered)
 
     def stop_sending(self, stream_id: int, code: int) -> None:
         """The peer asked us to stop sending on a request stream (a cancel)."""
@@ -461,29 +608,45 @@ class ControlPlane:
 
     def _forget_if_closed(self, req: Request) -> None:
         """Both halves of the stream ended: forget the request, unless we subscribe and
-        the data streams its PUBLISH_DONE counts are still open."""
+        the data streams its PUBLISH_DONE counts are still open. A request of the peer is
+        forgotten as soon as our final message is out: nothing the peer may still send
+        on its stream matters then (it is dropped until the stream ends)."""
         if req.send_closed and req.receive_closed:
             self._requests.close_stream(req)
             if req.publish_done is None:
-                self._requests.forget(req)
+                self._forget(req)
             if req.kind is RequestKind.SUBSCRIBE and req.side is Side.REQUESTER:
                 self._data.abandon_held()  # it may have been the SUBSCRIBE they waited for
+        elif req.send_closed and req.side is Side.RESPONDER and req.finished:
+            self._draining.add(req.stream_id)
+            self._forget(req)
+
+    def _forget(self, req: Request) -> None:
+        """Drop a request and give back what it was charged."""
+        if self._requests.get(req.request_id) is not req:
+            return
+        self.budget.give(req.charged + req.parser.buffered)
+        req.charged = 0
+        req.parser.clear()
+        self._requests.forget(req)
 
     # ------------------------------------------------------------------ API: requests
 
-    def _start_request(self, msg: RequestMessage) -> Request:
+    def _start_request(self, build: Callable[[int], RequestMessage]) -> Request:
+        """Open a request stream, then build the message with the next Request ID: if
+        the transport cannot open a stream now (its peer's stream limit), it raises and
+        no Request ID is spent (a gap would count against the peer's skipped IDs)."""
         if self._out.closed is not None:
             raise SessionUsageError("session is closed")
-        req = self._request(msg, self._opener.open_stream(False), Side.REQUESTER)
+        stream_id = self._opener.open_stream(False)
+        rid = self._next_request_id
+        self._next_request_id += 2
+        msg = build(rid)
+        req = self._request(msg, stream_id, Side.REQUESTER)
         self._requests.add(req)
         self._out.emit(SetStreamPriority(req.stream_id, CONTROL_PRIORITY))
         self._out.emit(SendStreamData(req.stream_id, encode_message(msg)))
         return req
-
-    def _next_rid(self) -> int:
-        rid = self._next_request_id
-        self._next_request_id += 2
-        return rid
 
     def _alloc_alias(self) -> int:
         alias = self._next_alias
@@ -492,40 +655,40 @@ class ControlPlane:
 
     def subscribe(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send SUBSCRIBE; returns its Request ID."""
-        return self._start_request(Subscribe(self._next_rid(), tuple(namespace), name,
-                                             params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: Subscribe(rid, ns, name, params)).request_id
 
     def fetch(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send FETCH; returns its Request ID."""
-        return self._start_request(Fetch(self._next_rid(), tuple(namespace), name,
-                                         params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: Fetch(rid, ns, name, params)).request_id
 
     def track_status(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
         """Send TRACK_STATUS; returns its Request ID."""
-        return self._start_request(TrackStatus(self._next_rid(), tuple(namespace), name,
-                                               params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: TrackStatus(rid, ns, name, params)).request_id
 
     def publish_namespace(self, namespace: TrackNamespace, params: Parameters) -> int:
         """Send PUBLISH_NAMESPACE; returns its Request ID."""
-        return self._start_request(PublishNamespace(self._next_rid(), tuple(namespace),
-                                                    params)).request_id
+        ns = tuple(namespace)
+        return self._start_request(lambda rid: PublishNamespace(rid, ns, params)).request_id
 
     def subscribe_namespace(self, prefix: TrackNamespace, params: Parameters) -> int:
         """Send SUBSCRIBE_NAMESPACE; returns its Request ID."""
-        return self._start_request(SubscribeNamespace(self._next_rid(), tuple(prefix),
-                                                      params)).request_id
+        ns = tuple(prefix)
+        return self._start_request(lambda rid: SubscribeNamespace(rid, ns, params)).request_id
 
     def subscribe_tracks(self, prefix: TrackNamespace, params: Parameters) -> int:
         """Send SUBSCRIBE_TRACKS; returns its Request ID."""
-        return self._start_request(SubscribeTracks(self._next_rid(), tuple(prefix),
-                                                   params)).request_id
+        ns = tuple(prefix)
+        return self._start_request(lambda rid: SubscribeTracks(rid, ns, params)).request_id
 
     def publish(self, namespace: TrackNamespace, name: bytes, params: Parameters,
                 track_properties: Properties, track_alias: int | None) -> int:
         """Send PUBLISH (we publish); returns its Request ID."""
         alias = self._alloc_alias() if track_alias is None else track_alias
-        req = self._start_request(Publish(self._next_rid(), tuple(namespace), name, alias,
-                                          params, tuple(track_properties)))
+        ns, props = tuple(namespace), tuple(track_properties)
+        req = self._start_request(lambda rid: Publish(rid, ns, name, alias, params, props))
         req.track_alias = alias
         return req.request_id
 
@@ -537,7 +700,7 @@ class ControlPlane:
             raise SessionUsageError("peer's MAX_REQUEST_UPDATES reached")
         uid = self._next_request_id
         self._send(req, RequestUpdate(uid, params))
-        self._next_rid()
+        self._next_request_id += 2
         self._requests.add_update(uid, req)
         if params.subscriber_priority is not None:
             req.subscriber_priority = params.subscriber_priority
@@ -556,6 +719,7 @@ class ControlPlane:
             req.receive_closed = True
         self._data.reset_streams(req, code)
         req.end()
+        req.publish_done = None  # over: the streams it counted no longer matter
         self._data.unbind_alias(req)
         self._forget_if_closed(req)
 
@@ -608,6 +772,8 @@ class ControlPlane:
                 self._requests.answer_update(req, update_id)
             except LookupError as exc:
                 raise SessionUsageError(str(exc)) from None
+            req.charged -= UPDATE_COST
+            self.budget.give(UPDATE_COST)
         return req
 
     def subscribe_ok(self, request_id: int, params: Parameters, track_properties: Properties,
@@ -627,6 +793,7 @@ class ControlPlane:
         if req is not None:
             self._send(req, FetchOk(end_of_track, Location(*end_location), Parameters(),
                                     tuple(track_properties)))
+            self._fetch_may_finish(req)  # its fetch stream may have ended already
 
     def request_ok(self, request_id: int, params: Parameters, track_properties: Properties,
                    update_id: int | None) -> None:

@@ -31,11 +31,13 @@ from .actions import (
     StopSending,
     StreamOpener,
 )
-from .errors import SessionUsageError, StreamResetCode
+from .config import HELD_OBJECT_COST, ITEM_COST, STREAM_COST, SessionConfig
+from .errors import SessionUsageError, StreamError, StreamResetCode, over_limit
 from .outbox import Outbox
-from .requests import SUBSCRIPTIONS, Request, RequestKind, RequestRegistry, Side
+from .requests import Request, RequestKind, RequestRegistry, Side
 from .wire import (
     MAX_VI64,
+    ByteBudget,
     DataStreamParser,
     EndOfRange,
     FetchHeader,
@@ -60,7 +62,8 @@ class _Incoming:
     """A data stream the peer opened."""
 
     stream_id: int
-    parser: DataStreamParser
+    parser: DataStreamParser | None
+    """None once the stream is abandoned (stopped): it is remembered until it ends."""
     request: Request | None = None
     kind: str = ""
     fill_id: int | None = None
@@ -68,7 +71,15 @@ class _Incoming:
     """Items waiting for the stream's Track Alias to be bound (None: not held)."""
     held_end: int | None = _NOT_ENDED
     """How a held stream ended: None for FIN, a reset code, or _NOT_ENDED."""
-    abandoned: bool = False
+    held_bytes: int = 0
+    """What the held items are charged to the data budget."""
+    stopped: StreamError | None = None
+    """Why a held stream was stopped: reported to its request once the alias is bound."""
+
+    @property
+    def abandoned(self) -> bool:
+        """We stopped reading it (unknown alias or request, a limit, a malformed track)."""
+        return self.parser is None
 
 
 @dataclass(slots=True, eq=False)
@@ -85,11 +96,20 @@ class DataStreams:
     docstring."""
 
     def __init__(self, out: Outbox, opener: StreamOpener, requests: RequestRegistry,
-                 on_subscription_stream_ended: Callable[[Request], None]) -> None:
+                 config: SessionConfig, on_stream_ended: Callable[[Request, bool], None],
+                 on_malformed: Callable[[Request, str], None]) -> None:
         self._out = out
         self._opener = opener
         self._requests = requests
-        self._on_subscription_stream_ended = on_subscription_stream_ended
+        self._on_stream_ended = on_stream_ended
+        """Called as (request, sent) when a data stream of the request ended: one we
+        received (``sent`` False: FIN or reset) or one we sent (FIN or reset)."""
+        self._on_malformed = on_malformed
+        """Called as (request, reason) when a stream of a request we receive shows its
+        track to be malformed (digest 8.8: the subscriber cancels the request)."""
+        self.budget = ByteBudget(config.max_data_bytes)
+        """What the peer makes us hold on its data streams (``max_data_bytes``)."""
+        self._max_properties = config.max_object_properties
         self._incoming: dict[int, _Incoming] = {}
         self._outgoing: dict[int, _Outgoing] = {}
         self._aliases: dict[int, Request] = {}  # Track Alias -> subscription we receive
@@ -102,23 +122,37 @@ class DataStreams:
         ds = self._incoming.get(stream_id)
         if ds is None:
             return False
-        if ds.abandoned:
+        parser = ds.parser
+        if parser is None:  # abandoned: its bytes are dropped until it ends
             if end:
                 del self._incoming[stream_id]
             return True
-        items = ds.parser.feed(data)
+        try:
+            items = parser.feed(data)
+        except StreamError as exc:
+            self._items(ds, exc.items)
+            if not ds.abandoned:
+                self._stop(ds, exc)
+            if end:
+                del self._incoming[stream_id]
+            return True
         if items:
             self._items(ds, items)
         if end:
-            ds.parser.finish()
+            if ds.parser is not None:
+                ds.parser.finish()
             self._ended(ds, None)
         return True
 
     def open(self, stream_id: int, data: bytes | bytearray | memoryview, end: bool) -> None:
         """The first bytes of a new data stream (from its type on, known not to be the
         control stream)."""
-        self._incoming[stream_id] = _Incoming(stream_id,
-                                              DataStreamParser(self._fetch_descending))
+        ds = _Incoming(stream_id, DataStreamParser(
+            self._fetch_descending, max_properties=self._max_properties, budget=self.budget))
+        self._incoming[stream_id] = ds
+        if not self.budget.take(STREAM_COST):
+            ds.parser = None
+            self._stop(ds, over_limit("too many data streams held"))
         self.feed(stream_id, data, end)
 
     def reset(self, stream_id: int, code: int) -> None:
@@ -133,6 +167,8 @@ class DataStreams:
 
     def _items(self, ds: _Incoming, items: list[StreamItem]) -> None:
         for item in items:
+            if ds.abandoned:
+                return
             if isinstance(item, SubgroupHeader):
                 ds.kind = "subgroup"
                 req = self._aliases.get(item.track_alias)
@@ -143,14 +179,12 @@ class DataStreams:
                     self._held.setdefault(item.track_alias, []).append(ds)
                 else:
                     self._abandon(ds)
-                    return
             elif isinstance(item, FetchHeader):
                 ds.kind = "fetch"
                 req = self._requests.find(item.request_id)
                 if req is None:
                     self._abandon(ds)
-                    return
-                if req.request_id == item.request_id and req.kind is RequestKind.FETCH \
+                elif req.request_id == item.request_id and req.kind is RequestKind.FETCH \
                         and req.side is Side.REQUESTER:
                     ds.request = req
                 elif req.we_subscribe:  # a fill stream of a subscription or its update
@@ -158,11 +192,24 @@ class DataStreams:
                     ds.fill_id = item.request_id
                 else:
                     self._abandon(ds)
-                    return
             elif ds.held is not None:
-                ds.held.append(item)
+                self._hold(ds, item)
             elif ds.request is not None:
                 self._deliver(ds, item)
+
+    def _hold(self, ds: _Incoming, item: ObjectRecord | EndOfRange) -> None:
+        """Keep an item of a stream whose Track Alias is not bound yet. Its payload is
+        copied: a view would pin the whole chunk it came in."""
+        assert ds.held is not None
+        cost = HELD_OBJECT_COST
+        if isinstance(item, ObjectRecord):
+            item.payload = memoryview(bytes(item.payload))
+            cost += len(item.payload) + ITEM_COST * len(item.properties)
+        if not self.budget.take(cost):
+            self._stop(ds, over_limit("too much data held for an unknown Track Alias"))
+            return
+        ds.held_bytes += cost
+        ds.held.append(item)
 
     def _deliver(self, ds: _Incoming, item: ObjectRecord | EndOfRange) -> None:
         req = ds.request
@@ -174,11 +221,47 @@ class DataStreams:
             self._out.event(ev.RangeMarkerReceived(req.request_id, item, ds.stream_id,
                                                    ds.fill_id))
 
+    def _release(self, ds: _Incoming) -> None:
+        """Give back what the stream holds (parser, held items) and stop parsing it."""
+        if ds.parser is not None:
+            ds.parser.release()
+            ds.parser = None
+            self.budget.give(STREAM_COST)
+        if ds.held is not None:
+            self.budget.give(ds.held_bytes)
+            ds.held_bytes = 0
+            ds.held = None
+
     def _abandon(self, ds: _Incoming) -> None:
-        ds.abandoned = True
-        ds.held = None
+        """A stream for an unknown Track Alias or request: STOP_SENDING, drop its bytes."""
         log.debug("abandoning data stream %d (unknown alias or request)", ds.stream_id)
+        self._release(ds)
         self._out.emit(StopSending(ds.stream_id, StreamResetCode.CANCELLED))
+
+    def _stop(self, ds: _Incoming, exc: StreamError) -> None:
+        """Stop reading a stream that exceeds a limit or shows its track to be malformed:
+        STOP_SENDING with the error's code; objects it delivered before stay delivered.
+        A stream of a request ends for it with that code (counted for PUBLISH_DONE); a
+        malformed track cancels the request (digest 8.8)."""
+        log.info("stopping data stream %d: %s", ds.stream_id, exc.reason)
+        if ds.held is not None:
+            ds.stopped = exc  # stays listed under its alias: see bind_alias
+        self._release(ds)
+        self._out.emit(StopSending(ds.stream_id, exc.code))
+        if ds.request is not None and ds.stopped is None:
+            self._stopped_for(ds, exc)
+
+    def _stopped_for(self, ds: _Incoming, exc: StreamError) -> None:
+        """A stream of ``ds.request`` was stopped: it ended for the request, with the
+        error's code; a malformed track fails the request."""
+        req = ds.request
+        assert req is not None
+        if exc.code == StreamResetCode.MALFORMED_TRACK:
+            self._on_malformed(req, exc.reason)
+        self._out.event(ev.DataStreamEnded(req.request_id, ds.stream_id, ds.kind, exc.code,
+                                           ds.fill_id))
+        req.streams_ended += 1
+        self._on_stream_ended(req, False)
 
     def _ended(self, ds: _Incoming, reset_code: int | None) -> None:
         if ds.held is not None:
@@ -186,17 +269,32 @@ class DataStreams:
             return
         self._incoming.pop(ds.stream_id, None)
         req = ds.request
-        if req is None or ds.abandoned:
+        if ds.abandoned or req is None:
+            self._release(ds)
             return
+        self._release(ds)
         self._out.event(ev.DataStreamEnded(req.request_id, ds.stream_id, ds.kind, reset_code,
                                            ds.fill_id))
-        if req.we_subscribe:
-            req.streams_ended += 1
-            self._on_subscription_stream_ended(req)
+        req.streams_ended += 1
+        self._on_stream_ended(req, False)
 
     def receiving_for(self, req: Request) -> bool:
         """True while a data stream attributed to ``req`` is still open."""
-        return any(ds.request is req for ds in self._incoming.values())
+        return any(ds.request is req and not ds.abandoned for ds in self._incoming.values())
+
+    def stop_receiving(self, req: Request, code: int) -> None:
+        """STOP_SENDING every data stream still open for ``req`` (it was cancelled)."""
+        for ds in list(self._incoming.values()):
+            if ds.request is req and not ds.abandoned:
+                self._release(ds)
+                self._out.emit(StopSending(ds.stream_id, code))
+
+    def drop_input(self) -> None:
+        """The session is closed: let go of every incoming stream and what it holds."""
+        for ds in self._incoming.values():
+            self._release(ds)
+        self._incoming.clear()
+        self._held.clear()
 
     # ------------------------------------------------------------------ track aliases
 
@@ -209,8 +307,13 @@ class DataStreams:
         delivered."""
         self._aliases[alias] = req
         for ds in self._held.pop(alias, []):
-            held, ds.held = ds.held or [], None
             ds.request = req
+            if ds.stopped is not None:  # stopped while held: it counts, and may fail req
+                self._stopped_for(ds, ds.stopped)
+                continue
+            held, ds.held = ds.held or [], None
+            self.budget.give(ds.held_bytes)
+            ds.held_bytes = 0
             for item in held:
                 self._deliver(ds, item)
             if ds.held_end != _NOT_ENDED:
@@ -227,7 +330,8 @@ class DataStreams:
             return
         for streams in self._held.values():
             for ds in streams:
-                self._abandon(ds)
+                if ds.stopped is None:
+                    self._abandon(ds)
                 if ds.held_end != _NOT_ENDED:
                     self._incoming.pop(ds.stream_id, None)
         self._held.clear()
@@ -304,8 +408,7 @@ class DataStreams:
         """Open a fetch stream of FETCH ``req`` or a fill stream of subscription ``req``."""
         writer = FetchWriter(req.request_id if fill_id is None else fill_id, req.descending)
         sid = self._opener.open_stream(True)
-        if req.kind in SUBSCRIPTIONS:
-            req.streams_opened += 1
+        req.streams_opened += 1
         req.open_streams.add(sid)
         self._outgoing[sid] = _Outgoing(req, writer)
         self._out.emit(SetStreamPriority(sid, self._priority(req, publisher_priority,
@@ -365,6 +468,7 @@ class DataStreams:
     def _closed(self, stream_id: int, s: _Outgoing) -> None:
         del self._outgoing[stream_id]
         s.request.open_streams.discard(stream_id)
+        self._on_stream_ended(s.request, True)
 
     def finish_streams(self, req: Request) -> None:
         """FIN every open data stream of ``req`` (before PUBLISH_DONE counts them)."""
@@ -379,6 +483,11 @@ class DataStreams:
             self._outgoing.pop(sid, None)
             self._out.emit(ResetStream(sid, code))
         req.open_streams.clear()
+
+    @property
+    def open_count(self) -> int:
+        """Data streams the session keeps state for, both directions."""
+        return len(self._incoming) + len(self._outgoing)
 
     def is_open(self, stream_id: int) -> bool:
         """True while a data stream we opened can still be written."""

@@ -1,15 +1,18 @@
-"""Error and status code registries of MOQT draft-22, and the session's two exceptions.
+"""Error and status code registries of MOQT draft-22, and the session's exceptions.
 
 Every malformed or forbidden input from the peer raises :class:`ProtocolError`, carrying
 the session-termination code the draft names and a readable reason. The session layer
-turns it into a session close (or, where the draft says so, a REQUEST_ERROR). A call the
-application makes that the session cannot honour (unknown request, wrong state, wrong
-side) raises :class:`SessionUsageError` and changes nothing.
+turns it into a session close (or, where the draft says so, a REQUEST_ERROR). Input that
+spoils one data stream only (a malformed track, a local limit) raises
+:class:`StreamError`: the session stops that stream and goes on. A call the application
+makes that the session cannot honour (unknown request, wrong state, wrong side) raises
+:class:`SessionUsageError` and changes nothing.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class SessionCode(IntEnum):
@@ -100,6 +103,31 @@ class ProtocolError(Exception):
         super().__init__(f"{_code_name(code)}: {reason}")
         self.code = int(code)
         self.reason = reason
+
+
+class StreamError(Exception):
+    """One incoming data stream cannot be read further; the session goes on.
+
+    ``code`` is the STOP_SENDING code (:class:`StreamResetCode`: MALFORMED_TRACK for a
+    track the stream shows to be malformed, EXCESSIVE_LOAD for a local limit). ``items``
+    are what the stream yielded before the fault, in order: still valid, delivered.
+    """
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = int(code)
+        self.reason = reason
+        self.items: list[Any] = []
+
+
+def over_limit(reason: str) -> StreamError:
+    """A data stream needs more than the session lets its peer hold: EXCESSIVE_LOAD."""
+    return StreamError(StreamResetCode.EXCESSIVE_LOAD, reason)
+
+
+def malformed_track(reason: str) -> StreamError:
+    """A data stream contradicts itself (digest 8.8): MALFORMED_TRACK."""
+    return StreamError(StreamResetCode.MALFORMED_TRACK, reason)
 
 
 class SessionUsageError(ValueError):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Final
 
+from .config import ITEM_COST, MESSAGE_COST
 from .errors import SessionUsageError, violation
 from .wire import (
     ControlStreamParser,
@@ -36,6 +37,8 @@ from .wire import (
     Message,
     NamespaceDone,
     NamespaceMsg,
+    Parameters,
+    Properties,
     Publish,
     PublishDone,
     PublishNamespace,
@@ -237,17 +240,21 @@ class Request:
     # and the ones still open
     streams_opened: int = 0
     open_streams: set[int] = field(default_factory=set)
-    # subscriber of a subscription: the PUBLISH_DONE whose counted streams have not all
-    # ended yet, and how many have
+    # receiver of a subscription or fetch: the PUBLISH_DONE whose counted streams have not
+    # all ended yet, and how many data streams have ended
     publish_done: PublishDone | None = None
     streams_ended: int = 0
     updates: deque[int] = field(default_factory=deque)
     """REQUEST_UPDATE IDs awaiting their answer, oldest first (whichever side sent them)."""
     update_ids: list[int] = field(default_factory=list)
-    """Every REQUEST_UPDATE ID of the request, answered or not: a fill stream's
-    FETCH_HEADER may name one after its answer."""
+    """Every REQUEST_UPDATE ID we sent for the request, answered or not: a fill stream's
+    FETCH_HEADER may name one after its answer. (The peer's are forgotten once answered.)"""
     namespaces: set[TrackNamespace] = field(default_factory=set)
     """SUBSCRIBE_NAMESPACE requester: the namespaces announced and not withdrawn."""
+    charged: int = 0
+    """Bytes of state the peer made us keep for this request (its message if the peer
+    sent it, its pending REQUEST_UPDATEs, the namespaces it announced), charged to the
+    session's control budget; its parser's unfinished message is charged apart."""
 
     # ---------------------------------------------------------------- states
 
@@ -373,6 +380,43 @@ class Request:
         return m.namespace
 
 
+def namespace_footprint(namespace: TrackNamespace) -> int:
+    """Bytes of Python objects a decoded namespace takes (rounded up)."""
+    return ITEM_COST + sum(ITEM_COST + len(f) for f in namespace)
+
+
+def _properties_footprint(props: Properties) -> int:
+    return sum(ITEM_COST + (len(v) if isinstance(v, bytes | bytearray) else 0)
+               for _, v in props)
+
+
+def _params_footprint(p: Parameters) -> int:
+    size = 0
+    for tok in p.auth_tokens:
+        size += ITEM_COST + len(tok.value or b"")
+    for rf in p.range_filters:
+        size += ITEM_COST * (1 + len(rf.ranges))
+    if p.fill is not None:
+        size += MESSAGE_COST + _params_footprint(p.fill)
+    if p.track_namespace_prefix is not None:
+        size += namespace_footprint(p.track_namespace_prefix)
+    return size
+
+
+def message_footprint(msg: RequestMessage) -> int:
+    """Bytes of Python objects a decoded request-starting message keeps, rounded up: its
+    byte strings plus :data:`~kvcs.moqt.config.ITEM_COST` per namespace field, token,
+    property and Range Filter range (measured: ``tests/session/test_hostile_flood.py``).
+    A range costs ~130 bytes for its ~2 wire bytes, hence counting items, not bytes."""
+    size = MESSAGE_COST + _params_footprint(msg.params)
+    if isinstance(msg, PublishNamespace | SubscribeNamespace | SubscribeTracks):
+        return size + namespace_footprint(msg.namespace_prefix)
+    size += namespace_footprint(msg.namespace) + len(msg.name)
+    if isinstance(msg, Publish):
+        size += _properties_footprint(msg.track_properties)
+    return size
+
+
 class RequestRegistry:
     """The requests a session keeps state for: by Request ID, by stream, and by the ID of
     each of their REQUEST_UPDATEs."""
@@ -381,11 +425,15 @@ class RequestRegistry:
         self._by_id: dict[int, Request] = {}
         self._by_stream: dict[int, Request] = {}
         self._by_update: dict[int, Request] = {}
+        self.peer_requests = 0
+        """Requests the peer made that we keep state for."""
 
     def add(self, req: Request) -> None:
         """Register a new request."""
         self._by_id[req.request_id] = req
         self._by_stream[req.stream_id] = req
+        if req.side is Side.RESPONDER:
+            self.peer_requests += 1
 
     def get(self, request_id: int) -> Request | None:
         """The request with this Request ID, or None."""
@@ -397,6 +445,9 @@ class RequestRegistry:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._by_id.values())
 
+    def __len__(self) -> int:
+        return len(self._by_id)
+
     def on_stream(self, stream_id: int) -> Request | None:
         """The request whose stream is still open, or None."""
         return self._by_stream.get(stream_id)
@@ -407,10 +458,17 @@ class RequestRegistry:
         return self._by_id.get(request_id) or self._by_update.get(request_id)
 
     def add_update(self, update_id: int, req: Request) -> None:
-        """A REQUEST_UPDATE of ``req`` (either direction) now awaits its answer."""
+        """We sent REQUEST_UPDATE ``update_id`` for ``req``: it awaits its answer, and a
+        fill stream may name it."""
         req.updates.append(update_id)
         req.update_ids.append(update_id)
         self._by_update[update_id] = req
+
+    @staticmethod
+    def add_peer_update(update_id: int, req: Request) -> None:
+        """The peer sent REQUEST_UPDATE ``update_id`` for ``req``: it awaits our answer
+        (nothing of it is kept after that)."""
+        req.updates.append(update_id)
 
     def answer_update(self, req: Request, update_id: int | None = None) -> int:
         """Settle an update of ``req``: ``update_id``, or the oldest one; returns its ID.
@@ -438,6 +496,7 @@ class RequestRegistry:
     def forget(self, req: Request) -> None:
         """Drop every trace of a request."""
         self._by_stream.pop(req.stream_id, None)
-        self._by_id.pop(req.request_id, None)
+        if self._by_id.pop(req.request_id, None) is not None and req.side is Side.RESPONDER:
+            self.peer_requests -= 1
         for uid in req.update_ids:
             self._by_update.pop(uid, None)

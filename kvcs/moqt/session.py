@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from . import events as ev
 from .actions import Action, CloseSession, StreamOpener
-from .control import MAX_SKIPPED_REQUEST_IDS, SETUP_TYPE, ControlPlane, SessionConfig
+from .config import EARLY_ITEM_COST, MAX_SKIPPED_REQUEST_IDS, SessionConfig
+from .control import SETUP_TYPE, ControlPlane
 from .datastreams import DataStreams
 from .errors import ProtocolError, SessionCode, StreamResetCode, violation
 from .outbox import Outbox
@@ -49,7 +50,7 @@ from .wire import (
     decode_vi64,
 )
 
-__all__ = ["MAX_SKIPPED_REQUEST_IDS", "Session", "SessionConfig"]
+__all__ = ["MAX_SKIPPED_REQUEST_IDS", "Session", "SessionConfig", "SessionUsage"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,29 @@ class _EarlyDatagram:
 _EarlyInput = _EarlyStreamData | _EarlyReset | _EarlyDatagram
 
 
+@dataclass(frozen=True, slots=True)
+class SessionUsage:
+    """What one session holds right now (:attr:`Session.usage`); the limits are in
+    :mod:`kvcs.moqt.config`."""
+
+    requests: int
+    """Requests with state, either role (:attr:`Session.open_requests`)."""
+    peer_requests: int
+    """Of those, the peer's (``max_requests``)."""
+    draining_streams: int
+    """Peer request streams refused or answered for good, remembered until the peer ends
+    them."""
+    data_streams: int
+    """Data streams with state, both directions (incoming ones until they end, also when
+    stopped)."""
+    control_bytes: int
+    """Charged to ``max_control_bytes``."""
+    data_bytes: int
+    """Charged to ``max_data_bytes``."""
+    early_bytes: int
+    """Charged to ``setup_buffer_limit`` (input kept before the peer's SETUP)."""
+
+
 class Session:
     """A sans-IO MOQT draft-22 session. See the module docstring."""
 
@@ -89,8 +113,8 @@ class Session:
         self.config = config
         self._out = Outbox()
         self._requests = RequestRegistry()
-        self._data = DataStreams(self._out, opener, self._requests,
-                                 self._subscription_stream_ended)
+        self._data = DataStreams(self._out, opener, self._requests, config,
+                                 self._data_stream_ended, self._track_malformed)
         self._ctl = ControlPlane(config, opener, self._out, self._requests, self._data,
                                  self._replay_early_input)
         self._control = self._ctl.control_stream  # use control_stream_id; kept for old tests
@@ -98,8 +122,11 @@ class Session:
         self._early_bytes = 0
         self._uni_prefix: dict[int, bytearray] = {}  # peer uni streams not handed on yet
 
-    def _subscription_stream_ended(self, req: Request) -> None:
-        self._ctl.subscription_stream_ended(req)
+    def _data_stream_ended(self, req: Request, sent: bool) -> None:
+        self._ctl.data_stream_ended(req, sent)
+
+    def _track_malformed(self, req: Request, reason: str) -> None:
+        self._ctl.track_malformed(req, reason)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -145,6 +172,7 @@ class Session:
         self._out.emit(CloseSession(int(code), reason))
         self._out.closed = (int(code), reason)
         self._out.event(ev.SessionClosed(int(code), reason, by_peer=False))
+        self._drop_input()
 
     def connection_lost(self, code: int | None, reason: str) -> None:
         """The transport is gone (peer close, idle timeout, ...)."""
@@ -152,6 +180,17 @@ class Session:
             return
         self._out.closed = (code if code is not None else SessionCode.INTERNAL_ERROR, reason)
         self._out.event(ev.SessionClosed(self._out.closed[0], reason, by_peer=True))
+        self._drop_input()
+
+    def _drop_input(self) -> None:
+        """Closed: no more input is read, so what was kept for input still to come (early
+        input, unfinished messages and objects, held streams) is let go at once; the
+        binding may keep the session object a while longer."""
+        self._early.clear()
+        self._early_bytes = 0
+        self._uni_prefix.clear()
+        self._ctl.drop_input()
+        self._data.drop_input()
 
     def _fail(self, exc: ProtocolError) -> None:
         log.warning("closing MOQT session: %s", exc)
@@ -203,7 +242,8 @@ class Session:
             self._data.open(sid, head, end)
 
     def _keep_early(self, item: _EarlyInput, size: int) -> None:
-        self._early_bytes += size
+        """Keep input until the peer's SETUP: ``size`` bytes of it plus the record."""
+        self._early_bytes += size + EARLY_ITEM_COST
         if self._early_bytes > self.config.setup_buffer_limit:
             raise violation("too much data before SETUP")
         self._early.append(item)
@@ -321,6 +361,26 @@ class Session:
         """True while the session keeps state for the request (until both sides ended it
         and, for a subscription we receive, the data streams PUBLISH_DONE counts ended)."""
         return request_id in self._requests
+
+    @property
+    def open_requests(self) -> int:
+        """Requests the session keeps state for, in either role. A request is forgotten
+        once it is over on both ends: FIN both ways after its final message (a FETCH:
+        after its fetch stream ended), a cancel, or the subscription's last data stream."""
+        return len(self._requests)
+
+    @property
+    def usage(self) -> SessionUsage:
+        """What the session holds now: requests, streams, buffered bytes."""
+        return SessionUsage(
+            requests=len(self._requests),
+            peer_requests=self._requests.peer_requests,
+            draining_streams=self._ctl.draining_streams,
+            data_streams=self._data.open_count,
+            control_bytes=self._ctl.budget.used,
+            data_bytes=self._data.budget.used,
+            early_bytes=self._early_bytes,
+        )
 
     def subscription_info(self, request_id: int) -> Request:
         """The state of a request (read-only use: priorities, alias, message, states)."""

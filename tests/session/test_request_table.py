@@ -379,6 +379,12 @@ def test_responder_fin(kind: RequestKind, accepted: bool, event: str | None) -> 
     evs = kinds(p.events(p.client))
     assert evs == ([event] if event else [])
     p.pump()
+    if kind is K.FETCH and accepted:
+        # digest 8.4: the requester keeps an accepted FETCH until its fetch stream ends
+        # (that stream may arrive after the request stream's FIN)
+        assert p.client.has_request(rid)
+        p.server.end_data_stream(p.server.open_fetch_stream(rid))
+        p.pump()
     assert not p.client.has_request(rid) and not p.closed  # we FINed back and forgot it
 
 
@@ -393,4 +399,8 @@ def test_requester_fin(kind: RequestKind, cancelled: bool) -> None:
     p.client.finish_request(rid)
     p.pump()
     assert kinds(p.events(p.server)) == (["RequestCancelled"] if cancelled else [])
-    assert p.server.has_request(rid) and not p.closed
+    assert not p.closed
+    # a withdrawn request is over: the responder FINs back and both ends forget it; the
+    # others are still being answered (the requester merely sends no more updates)
+    assert p.server.has_request(rid) is not cancelled
+    assert p.client.has_request(rid) is not cancelled

@@ -195,7 +195,8 @@ def test_fin_inside_second_message_on_request_stream() -> None:
 
 
 def test_request_before_setup_is_buffered_until_limit() -> None:
-    s, _ = raw_server(SessionConfig(is_client=False, setup_buffer_limit=100), setup=False)
+    # each piece of early input is charged its bytes plus EARLY_ITEM_COST (its record)
+    s, _ = raw_server(SessionConfig(is_client=False, setup_buffer_limit=300), setup=False)
     s.stream_data(0, _subscribe(0), False)
     assert close_codes(s.actions()) == []
     s.stream_data(4, _subscribe(2) * 10, False)  # far more than the limit

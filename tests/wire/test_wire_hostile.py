@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvcs.moqt.errors import ProtocolError, SessionCode
+from kvcs.moqt.errors import ProtocolError, SessionCode, StreamError, StreamResetCode
 from kvcs.moqt.wire import (
     SUBSCRIBE_PARAMS,
     AuthToken,
+    ByteBudget,
     ControlStreamParser,
     DataStreamParser,
     FetchOk,
@@ -364,3 +365,74 @@ def test_datagram_errors() -> None:
     assert decode_datagram(encode_vi64(0x132B3E29) + bytes(20)) is None
     res = decode_datagram(b"\x29\x01\x05\x03\x02\x78\x01\x00")
     assert res is not None and res[1].properties == ((0x78, 1),)
+
+
+# ------------------------------------------------- stream-only faults (StreamError)
+
+
+def _stream_error(code: int, chunks: list[bytes], parser: DataStreamParser | None = None,
+                  ) -> list:
+    """Feed ``chunks``; the last one must raise StreamError ``code``. Returns the items
+    the stream yielded, those attached to the error included."""
+    p = parser or DataStreamParser()
+    got: list = []
+    for chunk in chunks[:-1]:
+        got += p.feed(chunk)
+    with pytest.raises(StreamError) as ei:
+        p.feed(chunks[-1])
+    assert ei.value.code == code, ei.value
+    return got + ei.value.items
+
+
+def test_object_after_end_of_group_is_a_malformed_track() -> None:
+    w = SubgroupWriter(SubgroupHeader(1, 3))
+    raw = (w.header_bytes() + w.object_prefix(0, 1) + b"a"
+           + w.object_prefix(1, 0, status=3) + w.object_prefix(2, 1) + b"b")
+    items = _stream_error(StreamResetCode.MALFORMED_TRACK, [raw])
+    assert [getattr(i, "object_id", None) for i in items] == [None, 0, 1]  # before it: kept
+    # End of Track too, and across chunks
+    w = SubgroupWriter(SubgroupHeader(1, 3))
+    raw = w.header_bytes() + w.object_prefix(0, 0, status=4) + w.object_prefix(1, 1) + b"z"
+    _stream_error(StreamResetCode.MALFORMED_TRACK, [raw[:5], raw[5:]])
+
+
+def test_repeated_fetch_object_is_a_malformed_track() -> None:
+    fh = b"\x05\x00"
+    first = b"\x1c\x02\x07\x80\x01a"  # group 2, object 7, priority 0x80, 1 byte
+    again = b"\x04\x00\x01b"  # same group, object delta 0: object 7 again
+    items = _stream_error(StreamResetCode.MALFORMED_TRACK, [fh + first + again])
+    assert [getattr(i, "object_id", None) for i in items] == [None, 7]
+    # after an End of Range marker, a delta of 0 lands after the marker: fine
+    ok = DataStreamParser().feed(fh + first + b"\x80\x8c\x02\x09" + again)
+    assert ok[-1].object_id == 9  # type: ignore[union-attr]
+
+
+def test_object_properties_over_the_limit() -> None:
+    w = SubgroupWriter(SubgroupHeader(1, 3, 0, None, has_properties=True))
+    raw = w.header_bytes() + w.object_prefix(0, 1, 0, ((0x79, b"p" * 300),)) + b"a"
+    _stream_error(StreamResetCode.EXCESSIVE_LOAD, [raw], DataStreamParser(max_properties=256))
+    assert len(DataStreamParser(max_properties=512).feed(raw)) == 2
+
+
+def test_budget_charges_what_a_stream_keeps_between_chunks() -> None:
+    budget = ByteBudget(10_000)
+    p = DataStreamParser(budget=budget)
+    w = SubgroupWriter(SubgroupHeader(1, 3))
+    head = w.header_bytes() + w.object_prefix(0, 6000)
+    p.feed(head + b"x" * 10)
+    assert budget.used == 6000 == p.held  # allocated at its header
+    p.feed(b"x" * 5990)
+    assert budget.used == 0  # handed out
+    prefix = w.object_prefix(1, 5000)
+    p.feed(prefix[:1])  # an unfinished object header
+    assert budget.used == 1
+    p.feed(prefix[1:] + b"y")
+    assert budget.used == 5000
+    p.release()
+    assert budget.used == 0 and p.held == 0
+    # no room: EXCESSIVE_LOAD, nothing charged
+    q = DataStreamParser(budget=budget)
+    w = SubgroupWriter(SubgroupHeader(1, 4))
+    big = w.header_bytes() + w.object_prefix(0, 20_000) + b"z"
+    _stream_error(StreamResetCode.EXCESSIVE_LOAD, [big], q)
+    assert budget.used == 0

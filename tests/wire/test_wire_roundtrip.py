@@ -211,10 +211,12 @@ def subgroup_streams(draw: st.DrawFn) -> tuple[SubgroupHeader, list[ObjectRecord
     )
     recs = []
     oid = first
-    for i, step in enumerate(draw(st.lists(st.integers(1, 200), max_size=6))):
+    steps = draw(st.lists(st.integers(1, 200), max_size=6))
+    for i, step in enumerate(steps):
         if i:
             oid += step
-        status = draw(st.sampled_from([0, 0, 3, 4]))
+        # End of Group / End of Track only last: nothing may follow them (digest 8.8)
+        status = draw(st.sampled_from([0, 0, 3, 4])) if i == len(steps) - 1 else 0
         payload = b"" if status else draw(st.binary(max_size=40))
         props = draw(properties(3)) if props_bit and not status else ()
         recs.append(ObjectRecord(hdr.group_id, sg, oid, prio, status, props, memoryview(payload)))
@@ -271,9 +273,9 @@ def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[ObjectRecord | EndOfRange
                     g = ng
                     o = draw(st.integers(0, 10))
                 else:
-                    o += draw(st.integers(0, 3))
+                    o += draw(st.integers(1, 3))
             else:
-                o += draw(st.integers(0, 3))
+                o += draw(st.integers(1, 3))  # ascending within a group (digest 7.3)
         if draw(st.integers(0, 4)) == 0:
             items.append(EndOfRange(draw(st.sampled_from([0x8C, 0x10C, 0x20C])), g, o))
             continue

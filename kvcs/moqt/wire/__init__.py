@@ -6,7 +6,7 @@ Namespace tuple type is exported as ``TrackNamespace`` (also ``wire.types.Namesp
 
 from __future__ import annotations
 
-from .buffer import NeedMore, Reader
+from .buffer import ByteBudget, NeedMore, Reader
 from .data import (
     END_OF_NON_EXISTENT_RANGE,
     END_OF_RANGE_HAS_LENGTH,
@@ -106,7 +106,13 @@ from .params import (
     encode_namespace,
     encode_parameters,
 )
-from .parser import MAX_OBJECT_PAYLOAD, ControlStreamParser, DataStreamParser, StreamItem
+from .parser import (
+    MAX_OBJECT_PAYLOAD,
+    MAX_OBJECT_PROPERTIES,
+    ControlStreamParser,
+    DataStreamParser,
+    StreamItem,
+)
 from .properties import (
     DEFAULT_PUBLISHER_GROUP_ORDER,
     DEFAULT_PUBLISHER_PRIORITY,
@@ -165,6 +171,7 @@ __all__ = [
     "MAX_GOAWAY_URI",
     "MAX_KVP_BYTES",
     "MAX_OBJECT_PAYLOAD",
+    "MAX_OBJECT_PROPERTIES",
     "MAX_REASON_BYTES",
     "MAX_VI64",
     "MESSAGE_TYPES",
@@ -218,6 +225,7 @@ __all__ = [
     "SUBSCRIBE_TRACKS_PARAMS",
     "TRACK_STATUS_PARAMS",
     "AuthToken",
+    "ByteBudget",
     "ControlStreamParser",
     "DataStreamParser",
     "EndOfRange",

@@ -11,11 +11,45 @@ from __future__ import annotations
 from ..errors import ProtocolError, SessionCode, violation
 from .types import Location
 
-__all__ = ["NeedMore", "Reader"]
+__all__ = ["ByteBudget", "NeedMore", "Reader"]
 
 
 class NeedMore(Exception):
     """Internal: not enough bytes buffered yet to finish the current structure."""
+
+
+class ByteBudget:
+    """How many bytes of state a session lets its peer make it hold: parts of the session
+    :meth:`take` before they keep something and :meth:`give` back when they let go.
+    Accounting only; nothing is allocated here."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        """Charge ``n`` bytes; False (nothing charged) if that would exceed the limit."""
+        used = self.used + n
+        if used > self.limit:
+            return False
+        self.used = used
+        return True
+
+    def force(self, n: int) -> None:
+        """Charge ``n`` bytes even over the limit (state already held; the caller reacts
+        to :attr:`over`)."""
+        self.used += n
+
+    def give(self, n: int) -> None:
+        """Release ``n`` bytes charged earlier."""
+        self.used -= n
+
+    @property
+    def over(self) -> bool:
+        """True while more is charged than the limit allows."""
+        return self.used > self.limit
 
 
 # Local copies to avoid an import cycle with vi64.py (which imports NeedMore from here).

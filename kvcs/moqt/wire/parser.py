@@ -3,15 +3,19 @@
 QUIC delivers stream bytes in arbitrary chunks. Payloads that lie inside one fed chunk are
 handed out as zero-copy memoryview slices of that chunk; a payload spanning chunks is
 copied once into a bytearray of exactly its length, allocated when its header is parsed.
+A data stream parser charges what it keeps between chunks (that bytearray, an unfinished
+object header) to the session's :class:`~kvcs.moqt.wire.buffer.ByteBudget`, and reports a
+stream that contradicts itself (an object after End of Group, a repeated fetch object) as
+a malformed track: both are :class:`~kvcs.moqt.errors.StreamError`, for that stream only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import violation
+from ..errors import StreamError, malformed_track, over_limit, violation
 from . import data as _data
-from .buffer import NeedMore
+from .buffer import ByteBudget, NeedMore
 from .data import (
     END_OF_RANGE_KINDS,
     FETCH_HEADER_TYPE,
@@ -27,11 +31,21 @@ from .properties import Properties, decode_kvps
 from .types import MAX_VI64, VALID_STATUSES
 from .vi64 import VI64_LEN, VI64_MASK, decode_vi64
 
-__all__ = ["MAX_OBJECT_PAYLOAD", "ControlStreamParser", "DataStreamParser", "StreamItem"]
+__all__ = [
+    "MAX_OBJECT_PAYLOAD",
+    "MAX_OBJECT_PROPERTIES",
+    "ControlStreamParser",
+    "DataStreamParser",
+    "StreamItem",
+]
 
 #: Default cap on one object's payload (and Properties) length accepted by
-#: :class:`DataStreamParser`; a larger announced length is refused before allocating.
+#: :class:`DataStreamParser`; a larger announced length is refused before allocating
+#: (PROTOCOL_VIOLATION).
 MAX_OBJECT_PAYLOAD = 1 << 28
+#: Default cap on one object's Properties length: a longer one stops the stream
+#: (EXCESSIVE_LOAD). It bounds the unfinished header a stream keeps between chunks.
+MAX_OBJECT_PROPERTIES = 1 << 16
 
 StreamItem = SubgroupHeader | FetchHeader | ObjectRecord | EndOfRange
 
@@ -57,6 +71,10 @@ class ControlStreamParser:
     def buffered(self) -> int:
         """Bytes of an incomplete message currently buffered."""
         return len(self._buf)
+
+    def clear(self) -> None:
+        """Drop an incomplete message (the stream is no longer read)."""
+        self._buf = bytearray()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
         """Add stream bytes; return every message completed by them, in order."""
@@ -92,18 +110,29 @@ class DataStreamParser:
     ``feed`` returns the header first (SubgroupHeader or FetchHeader), then ObjectRecord
     and EndOfRange items. Padding streams yield nothing. ``fetch_descending(request_id)``
     tells the Group ID delta direction of a fetch stream (default ascending).
+
+    With a ``budget``, the bytes kept between ``feed`` calls (a payload spanning chunks,
+    allocated when its header is parsed; an unfinished header) are charged to it and given
+    back as they are handed out, or by :meth:`release`. ``feed`` raises
+    :class:`~kvcs.moqt.errors.StreamError` (with the items completed before it) when the
+    budget or ``max_properties`` would be exceeded (EXCESSIVE_LOAD), or when the stream
+    shows its track to be malformed (MALFORMED_TRACK).
     """
 
     __slots__ = (
+        "_budget",
+        "_charged",
         "_desc",
         "_dst",
         "_dst_len",
         "_fetch_desc_cb",
         "_filled",
+        "_final",
         "_g",
         "_hdr_prio",
         "_marker",
         "_max",
+        "_max_props",
         "_mode1",
         "_o",
         "_pending",
@@ -121,9 +150,15 @@ class DataStreamParser:
         fetch_descending: Callable[[int], bool] | None = None,
         *,
         max_payload: int = MAX_OBJECT_PAYLOAD,
+        max_properties: int = MAX_OBJECT_PROPERTIES,
+        budget: ByteBudget | None = None,
     ) -> None:
         self._fetch_desc_cb = fetch_descending
         self._max = max_payload
+        self._max_props = max_properties
+        self._budget = budget
+        self._charged = 0  # of _pending, charged to the budget
+        self._final = False  # a subgroup stream carried End of Group / End of Track
         self.kind: str | None = None
         self.header: SubgroupHeader | FetchHeader | None = None
         self._pending = bytearray()
@@ -179,6 +214,8 @@ class DataStreamParser:
         n = len(b)
         if p >= n:
             raise NeedMore
+        if self._final:
+            raise malformed_track("object after End of Group / End of Track on its stream")
         c = b[p]
         if c < 0x80:
             delta = c
@@ -210,8 +247,10 @@ class DataStreamParser:
             status, p = decode_vi64(b, p)
             if status not in VALID_STATUSES:
                 raise violation(f"invalid object status {status}")
-            if props and status:
-                raise violation("properties on a non-Normal status object")
+            if status:
+                if props:
+                    raise violation("properties on a non-Normal status object")
+                self._final = True  # End of Group / End of Track: nothing may follow
         prev = self._o
         if prev < 0:
             oid = delta
@@ -286,7 +325,12 @@ class DataStreamParser:
                     raise violation("subgroup id overflows 2^64-1")
         if flags & 0x04:
             d, p = decode_vi64(b, p)
-            o = d if flags & 0x08 else self._o + d
+            if flags & 0x08:
+                o = d
+            else:
+                if not d and not self._marker:
+                    raise malformed_track(f"fetch object {g}/{self._o} repeated")
+                o = self._o + d
         else:
             if pg is None:
                 raise violation("first fetch object must carry an Object ID")
@@ -335,6 +379,8 @@ class DataStreamParser:
             return (), p
         if plen > self._max:
             raise violation(f"object properties length {plen} over limit")
+        if plen > self._max_props:
+            raise over_limit(f"object properties of {plen} bytes (limit {self._max_props})")
         end = p + plen
         if end > n:
             raise NeedMore
@@ -354,6 +400,8 @@ class DataStreamParser:
             out.append(rec)
             self._dst = None
             self._rec = None
+            if self._budget is not None:
+                self._budget.give(self._dst_len)
         else:
             self._filled = filled
         return p + take
@@ -368,6 +416,8 @@ class DataStreamParser:
             return end
         if ln > self._max:
             raise violation(f"object payload length {ln} over limit {self._max}")
+        if self._budget is not None and not self._budget.take(ln):
+            raise over_limit(f"no room for an object of {ln} bytes")
         dst = memoryview(bytearray(ln))
         got = n - p
         dst[:got] = mv[p:n]
@@ -408,34 +458,67 @@ class DataStreamParser:
         mv = _as_view(data)
         n = len(mv)
         p = 0
-        if self._dst is not None:
-            p = self._copy(mv, 0, n, out)
-        if self._pending and p < n:
-            p = self._resume(mv, p, n, out)
-        parse = self._parse_struct
-        while p < n:
-            if self.kind == "padding":
-                return out
-            if self._dst is not None:  # pragma: no cover - _payload returns n then
-                break
-            try:
-                q, item, ln = parse(mv, p)
-            except NeedMore:
-                self._pending = bytearray(mv[p:n])
-                break
-            if ln < 0:
-                if item is not None:
+        try:
+            if self._dst is not None:
+                p = self._copy(mv, 0, n, out)
+            if self._pending and p < n:
+                p = self._resume(mv, p, n, out)
+            parse = self._parse_struct
+            while p < n:
+                if self.kind == "padding":
+                    break
+                if self._dst is not None:  # pragma: no cover - _payload returns n then
+                    break
+                try:
+                    q, item, ln = parse(mv, p)
+                except NeedMore:
+                    self._pending = bytearray(mv[p:n])
+                    break
+                if ln < 0:
+                    if item is not None:
+                        out.append(item)
+                    p = q
+                    continue
+                end = q + ln
+                if end <= n:
+                    item.payload = mv[q:end] if ln else _EMPTY  # type: ignore[union-attr]
                     out.append(item)
-                p = q
-                continue
-            end = q + ln
-            if end <= n:
-                item.payload = mv[q:end] if ln else _EMPTY  # type: ignore[union-attr]
-                out.append(item)
-                p = end
-            else:
-                p = self._payload(mv, q, n, item, ln, out)  # type: ignore[arg-type]
+                    p = end
+                else:
+                    p = self._payload(mv, q, n, item, ln, out)  # type: ignore[arg-type]
+            if self._budget is not None and len(self._pending) != self._charged:
+                self._charge_pending()
+        except StreamError as exc:
+            exc.items = out
+            raise
         return out
+
+    def _charge_pending(self) -> None:
+        """Charge the unfinished header kept for the next chunk (give back what the last
+        one no longer needs)."""
+        budget = self._budget
+        assert budget is not None
+        n = len(self._pending)
+        budget.give(self._charged)
+        self._charged = 0
+        if not budget.take(n):
+            raise over_limit(f"no room for an unfinished header of {n} bytes")
+        self._charged = n
+
+    @property
+    def held(self) -> int:
+        """Bytes kept between chunks (what is charged to the budget)."""
+        return self._charged + (self._dst_len if self._dst is not None else 0)
+
+    def release(self) -> None:
+        """Forget what is kept between chunks and give its charge back (the stream is
+        done with: ended, reset or stopped)."""
+        if self._budget is not None:
+            self._budget.give(self.held)
+        self._charged = 0
+        self._pending = bytearray()
+        self._dst = None
+        self._rec = None
 
     @property
     def in_progress(self) -> bool:
