@@ -202,6 +202,17 @@ class MoqtConnection:
         return self._lib.datagram_size(self._quic)
 
     @property
+    def gso(self) -> bool:
+        """Whether sends batch equal-size datagrams with UDP GSO now (``QuicSettings.gso``
+        on a kernel that takes it)."""
+        return self._udp is not None and self._udp.gso
+
+    @property
+    def gro(self) -> bool:
+        """Whether the socket receives coalesced datagrams (UDP GRO)."""
+        return self._udp is not None and self._udp.gro
+
+    @property
     def buffered_bytes(self) -> int:
         """Stream bytes written but not yet sent: scheduler queues plus QUIC unsent."""
         return self._scheduler.buffered_bytes
