@@ -29,6 +29,7 @@ from kvcs.endpoint import Endpoint, Subscription, serve_endpoints
 from kvcs.moqt.track import Track
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
 from kvcs.transport import QuicSettings, default_library, ensure_dev_certificate
+from kvcs.transport.config import INTERNET_DATAGRAM_SIZE
 
 BACKEND = default_library()
 """The QUIC library of this process's settings."""
@@ -39,7 +40,7 @@ PER_GROUP = 64
 NS = (b"bench", b"moqt")
 
 SETTINGS: dict[str, QuicSettings] = {
-    "default": QuicSettings(),
+    "default": QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE),  # off loopback
     "loopback": QuicSettings.loopback(),
 }
 

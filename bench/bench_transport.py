@@ -31,6 +31,7 @@ from kvcs.transport import (
     ensure_dev_certificate,
     serve,
 )
+from kvcs.transport.config import INTERNET_DATAGRAM_SIZE
 from kvcs.transport.quic import LIBRARY_ENV
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ MiB = 1024 * 1024
 
 SETTINGS: dict[str, QuicSettings] = {
     "aioquic": QuicSettings.aioquic_defaults(),
-    "default": QuicSettings(),
+    "default": QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE),  # off loopback
     "loopback": QuicSettings.loopback(),
 }
 
