@@ -62,8 +62,14 @@ class _Listener:
         """Route datagrams from ``addr``: runs of them to one connection are fed at once."""
         run: list[bytes] = []
         run_conn: MoqtConnection | None = None
+        routes, end = self._routes, 1 + self._cid_length
         for data in datagrams:
-            conn = self._route(data, addr)
+            if data and not data[0] & 0x80:
+                # short header (RFC 8999: the destination connection ID follows the first
+                # byte), what every datagram after the handshake starts with: no parsing
+                conn = routes.get(data[1:end])
+            else:
+                conn = self._route(data, addr)
             if conn is not run_conn and run:
                 self._feed(run_conn, run, addr)  # type: ignore[arg-type]
                 run = []
@@ -83,11 +89,8 @@ class _Listener:
         self._pending[conn] = None
 
     def _route(self, data: bytes, addr: NetworkAddress) -> MoqtConnection | None:
-        """The connection ``data`` is for (``None``: dropped or answered here)."""
-        if data and not data[0] & 0x80:
-            # short header (RFC 8999: the destination connection ID follows the first
-            # byte), what every datagram after the handshake starts with: no parsing
-            return self._routes.get(data[1 : 1 + self._cid_length])
+        """The connection a long-header datagram is for (``None``: dropped or answered
+        here)."""
         header = self._lib.parse_header(data, self._cid_length)
         if header is None:
             return None
