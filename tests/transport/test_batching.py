@@ -7,6 +7,7 @@ or ENOPROTOOPT (GRO), as a kernel or device without the offload would."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from kvcs.moqt.actions import SendDatagram, SendStreamData
 from kvcs.testing import until
 from kvcs.transport import DevCertificate, MoqtConnection, QuicSettings, connect, serve, udp
+from kvcs.transport.eventloop import EVENT_LOOP_ENV, running_event_loop, use_event_loop
 
 from .conftest import EchoSession, echo_factory
 
@@ -71,3 +73,25 @@ async def test_gro_refused_reads_one_datagram_per_call(cert: DevCertificate,
         QuicSettings(max_datagram_size=ETHERNET), cert)
     assert (client_gro, server_gro) == (False, False)
     assert client_gso and server_gso
+
+
+def test_uvloop_transfers_the_same(cert: DevCertificate) -> None:
+    """``--event-loop uvloop`` / ``KVCS_EVENT_LOOP=uvloop``: the binding (GSO, GRO,
+    keep-alive timers) on uvloop, with batching on and off."""
+    previous = os.environ.get(EVENT_LOOP_ENV)
+    try:
+        assert use_event_loop("uvloop") == "uvloop" == os.environ[EVENT_LOOP_ENV]
+
+        async def both() -> str:
+            for gso in (True, False):
+                settings = QuicSettings(max_datagram_size=ETHERNET, gso=gso)
+                assert await _transfer(settings, cert) == (gso,) * 4
+            return running_event_loop()
+
+        assert asyncio.run(both()) == "uvloop"
+    finally:
+        use_event_loop(previous or "asyncio")
+        if previous is None:
+            del os.environ[EVENT_LOOP_ENV]
+    with pytest.raises(ValueError, match="unknown event loop"):
+        use_event_loop("trio")
