@@ -189,6 +189,10 @@ def connect(
     colons allowed) accepts exactly the certificate with that SHA-256 fingerprint instead
     of CA validation (the connection is closed on mismatch).
 
+    The connection's datagram size follows the server's address unless ``settings`` fix
+    it (:meth:`QuicSettings.datagram_size_for`); it pings a quiet server before the idle
+    timeout (:attr:`QuicSettings.keep_alive_s`).
+
     A handshake the server answered so late that the QUIC library cut the datagram size
     for the connection's life is dialed once more (qh3: see
     :meth:`~kvcs.transport.quic.qh3.Qh3Adapter.datagram_size_fell_back`).

@@ -6,6 +6,12 @@ with ``max_datagram_size=16000``, 4 MiB ``SO_SNDBUF``/``SO_RCVBUF`` and a 64 KiB
 buffer per ``recvfrom`` it reaches ~320 MiB/s. qh3 (the default library) builds packets up
 to the UDP limit: its loopback preset uses 60000-byte datagrams, which cuts the relay's CPU
 per MiB by about a quarter against 16000. See ``bench/bench_transport.py``.
+
+At Ethernet sizes (1452-byte datagrams) packet batching (:attr:`QuicSettings.gso`, UDP
+GSO/GRO) cuts qh3's CPU per MiB 2.4x on the busier side (raw QUIC, one stream: 2.4 ms per
+MiB each side against 6.3 and 5.0) and lifts throughput 3.3x (medians of 4 alternating
+runs); at 8952 bytes it spares the sender a quarter but not the receiver, whose cost is
+qh3's decryption; aioquic gains 1.2x at 1452 (its Python packet handling dominates).
 """
 
 from __future__ import annotations
@@ -83,7 +89,8 @@ class QuicSettings:
     to any other; a number applies to every peer (1452 for a 1500-byte Ethernet MTU, 8952
     for jumbo frames: :meth:`for_path`). Validated to 1200..that limit. Each endpoint caps
     only what it sends: a peer on the other library receives either size. qh3 probes the
-    path for up to 1452 bytes above smaller sizes. What a connection sends now:
+    path for up to 1472 bytes (1452 to IPv6 peers) above smaller sizes. What a connection
+    sends now:
     :attr:`MoqtConnection.max_datagram_size <kvcs.transport.MoqtConnection.max_datagram_size>`."""
 
     max_data: int = 16 * MiB
