@@ -8,7 +8,7 @@ receiver in two processes, medians of 4 alternating runs), uvloop did not help: 
 at 1452-byte datagrams 207 MiB/s against 353 (sender CPU 2.9 against 2.4 ms per MiB), at
 60000 552 against 443 MiB/s with equal CPU per MiB; MOQT goodput 215 against 244 MiB/s at
 1452 and 382 against 431 at 60000. Without GSO, at 1452 bytes, uvloop fell to 26 MiB/s
-(asyncio 64). aioquic was slower on uvloop too (issue #18).
+(asyncio 64). Issue #18 reports that it hurt aioquic as well.
 """
 
 from __future__ import annotations
