@@ -31,6 +31,7 @@ from kvcs.endpoint import Endpoint, Subscription, serve_endpoints
 from kvcs.moqt.track import Track
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
 from kvcs.transport import QuicSettings, ensure_dev_certificate
+from kvcs.transport.config import INTERNET_DATAGRAM_SIZE
 
 MiB = 1024 * 1024
 OBJECT_SIZE = 32 * 1024
@@ -38,7 +39,7 @@ PER_GROUP = 64
 NS = (b"bench", b"moqt")
 
 SETTINGS: dict[str, QuicSettings] = {
-    "default": QuicSettings(),
+    "default": QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE),  # off loopback
     "loopback": quic_settings(),
 }
 

@@ -32,6 +32,7 @@ from kvcs.transport import (
     ensure_dev_certificate,
     serve,
 )
+from kvcs.transport.config import INTERNET_DATAGRAM_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ MiB = 1024 * 1024
 
 SETTINGS: dict[str, QuicSettings] = {
     "aioquic": QuicSettings.aioquic_defaults(),
-    "default": QuicSettings(),
+    "default": QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE),  # off loopback
     "loopback": quic_settings(),
     "ethernet": quic_settings(ETHERNET_DATAGRAM),
 }

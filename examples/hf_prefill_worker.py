@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -19,26 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hf_model
 
-from kvcs.endpoint import Endpoint, MoqtRequestError
+from kvcs.endpoint import Endpoint
 from kvcs.integrations.hf import LayerwisePrefill
 from kvcs.kv.ids import ScopeKey
 from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.transport import QuicSettings
-
-KEEPALIVE_S = 10.0
-"""The relay closes a QUIC session idle for 30 s, and kvcs sends no QUIC keep-alive PINGs:
-a publisher whose tracks nobody has subscribed yet sends nothing (the relay pulls objects
-only for subscribers), so a prefill longer than that, or a wait for decode workers, would
-lose the publication. A TRACK_STATUS of its own manifest every 10 s keeps it."""
-
-
-async def keep_alive(ep: Endpoint, prefill: LayerwisePrefill) -> None:
-    """Exchange a request with the relay every KEEPALIVE_S seconds."""
-    pub = prefill.publisher
-    while True:
-        await asyncio.sleep(KEEPALIVE_S)
-        with contextlib.suppress(MoqtRequestError):
-            await ep.track_status(pub.fields, pub.manifest_track_name)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,12 +39,13 @@ async def main(args: argparse.Namespace) -> int:
     """Publish the system prompt's cache, then serve until stdin closes."""
     model, tokenizer, desc = hf_model.load()
     ids = hf_model.chat_ids(tokenizer, args.system_prompt_file.read_text())
+    # the session pings the relay while it waits (QuicSettings.keep_alive_s): a prefill
+    # longer than the idle timeout, or a wait for decode workers, keeps the publication
     ep = await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
                                 settings=QuicSettings.loopback())
     prefill = LayerwisePrefill(model, ep, ScopeKey.from_bytes(hf_model.SCOPE_KEY), desc, ids,
                                options=PublisherOptions(retention_s=600))
     await prefill.start()
-    alive = asyncio.create_task(keep_alive(ep, prefill))
     result = await prefill.run()
     blocks = prefill.publisher.blocks()
     size = (2 * desc.layers * blocks * desc.block_tokens * desc.kv_heads * desc.head_dim
@@ -71,7 +56,6 @@ async def main(args: argparse.Namespace) -> int:
           f"published after {first:.2f} s", flush=True)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    alive.cancel()
     ep.close()
     await ep.wait_closed()
     return 0

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -39,6 +40,17 @@ def command(name: str) -> Callable[[Builder], Builder]:
         return fn
 
     return deco
+
+
+def add_quic_options(p: argparse.ArgumentParser) -> None:
+    """The transport options every networked command takes: ``--mtu``, ``--event-loop``."""
+    p.add_argument("--mtu", type=int, metavar="BYTES",
+                   help="path MTU of a LAN, for datagrams of MTU-48 bytes to every peer: "
+                        "1500 (Ethernet), 9000 (jumbo frames); default: the QUIC library's "
+                        "largest datagrams to a peer on loopback, 1350 bytes to others")
+    p.add_argument("--event-loop", choices=["asyncio", "uvloop"],
+                   help="event loop (default: $KVCS_EVENT_LOOP, else asyncio); uvloop needs "
+                        "pip install uvloop")
 
 
 # ---------------------------------------------------------------------------- relay
@@ -71,7 +83,10 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
     p.add_argument("--quic-preset", choices=["default", "loopback"],
-                   help="QUIC tuning preset (default: default)")
+                   help="default: datagram size per client (the QUIC library's largest to "
+                        "clients on loopback, 1350 bytes to others); loopback: the largest "
+                        "to every client")
+    add_quic_options(p)
     p.add_argument("--quic-backend", choices=["auto", "aioquic", "qh3"],
                    help="QUIC library (default: $KVCS_QUIC_BACKEND, else auto = qh3 "
                    "(compiled core) when installed, else aioquic)")
@@ -91,7 +106,8 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
 
 _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstream_cafile",
                "upstream_insecure", "upstream_token", "auth", "anonymous", "cache_bytes",
-               "metrics", "log_level", "quic_preset", "quic_backend", "max_fetches_per_session",
+               "metrics", "log_level", "quic_preset", "mtu", "quic_backend",
+               "max_fetches_per_session",
                "max_requests_per_session", "upstream_linger", "kvsp_store", "kvsp_listen")
 
 
@@ -220,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "event_loop", None) or os.environ.get("KVCS_EVENT_LOOP"):
+            from .transport.eventloop import use_event_loop
+
+            try:
+                use_event_loop(getattr(args, "event_loop", None))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"kvcs {args.command}: error: {exc}", file=sys.stderr)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, command, stop_on_signals
+from .cli import UsageError, add_quic_options, command, stop_on_signals
 
 log = logging.getLogger("kvcs")
 
@@ -51,8 +51,10 @@ def _common(p: argparse.ArgumentParser, *, tokens: bool = True, relay: bool = Tr
     p.add_argument("--hex-namespace", action="store_true",
                    help="UTF-8-safe namespace encoding for relays that reject binary fields "
                         "(a deviation from the KVCS document; both ends must use it)")
+    add_quic_options(p)
     p.add_argument("--loopback", action="store_true",
-                   help="QUIC settings tuned for loopback (large datagrams)")
+                   help="the QUIC library's largest datagrams whatever the relay's address "
+                        "(a relay on 127.0.0.1 or ::1 gets them without it)")
     p.add_argument("--log-level", default="warning", metavar="LEVEL")
 
 
@@ -103,7 +105,11 @@ async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
     tokens: tuple[AuthToken, ...] = ()
     if args.token:
         tokens = (AuthToken(3, token_type=0, value=args.token.encode()),)
-    settings = QuicSettings.loopback() if args.loopback else QuicSettings()
+    try:
+        settings = QuicSettings.for_path(mtu=args.mtu,
+                                         preset="loopback" if args.loopback else "default")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     url = url or args.relay
     try:
         return await Endpoint.connect(url, settings=settings, verify=not args.insecure,

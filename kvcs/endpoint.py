@@ -291,6 +291,13 @@ class BoundSession:
         """True once the session has ended."""
         return self._closed.done() or self.session.is_closed
 
+    @property
+    def max_datagram_size(self) -> int:
+        """Largest UDP payload the session's connection sends now, in bytes
+        (:attr:`MoqtConnection.max_datagram_size
+        <kvcs.transport.MoqtConnection.max_datagram_size>`)."""
+        return self.conn.max_datagram_size
+
     def close(self, code: int = SessionCode.NO_ERROR, reason: str = "") -> None:
         """Close the session."""
         if not self.session.is_closed:

@@ -59,6 +59,11 @@ class RelayConfig:
     metrics: str | None = None
     log_level: str = "info"
     quic_preset: str = "default"
+    """``default``: datagram size per peer (the QUIC library's largest to loopback clients,
+    1350 bytes to others); ``loopback``: the largest to every peer."""
+    mtu: int | None = None
+    """Path MTU of the network the relay serves (1500 Ethernet, 9000 jumbo frames): every
+    peer gets datagrams of ``mtu - 48`` bytes (:meth:`kvcs.transport.QuicSettings.for_path`)."""
     quic_backend: str | None = None
     """QUIC library: ``auto`` (qh3 when installed), ``aioquic`` or ``qh3``; see
     :mod:`kvcs.transport.quic`. ``kvcs relay`` makes it the process default

@@ -30,6 +30,8 @@ _HELP = {
     "kvcs_relay_retained_namespaces": ("gauge", "Completed publications kept after their "
                                    "publishers left"),
     "kvcs_relay_protocol_errors_total": ("counter", "Sessions closed for protocol violations"),
+    "kvcs_relay_session_datagram_size_bytes": ("gauge", "Largest UDP payload each session's "
+                                               "connection sends now"),
 }
 
 
@@ -39,6 +41,7 @@ class Metrics:
     def __init__(self) -> None:
         self.values: dict[tuple[str, Labels], float] = {}
         self.callbacks: dict[str, Callable[[], float]] = {}
+        self.labelled: dict[str, tuple[str, Callable[[], dict[str, float]]]] = {}
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         """Add ``amount`` to a counter."""
@@ -53,10 +56,18 @@ class Metrics:
         """Register a gauge computed at render time."""
         self.callbacks[name] = fn
 
+    def labelled_gauge(self, name: str, label: str, fn: Callable[[], dict[str, float]]) -> None:
+        """Register a gauge with one row per ``label`` value, computed at render time
+        (``fn`` returns ``{label value: value}``)."""
+        self.labelled[name] = (label, fn)
+
     def get(self, name: str, **labels: str) -> float:
         """Current value (callbacks included); 0 if never set."""
         if name in self.callbacks and not labels:
             return float(self.callbacks[name]())
+        if name in self.labelled and len(labels) == 1:
+            label, fn = self.labelled[name]
+            return float(fn().get(labels.get(label, ""), 0))
         return self.values.get((name, tuple(sorted(labels.items()))), 0)
 
     def render(self) -> str:
@@ -67,6 +78,12 @@ class Metrics:
         for name, fn in self.callbacks.items():
             try:
                 rows.setdefault(name, []).append(((), float(fn())))
+            except Exception:  # pragma: no cover - defensive
+                log.exception("metric callback %s failed", name)
+        for name, (label, values) in self.labelled.items():
+            try:
+                rows.setdefault(name, []).extend(
+                    (((label, key),), float(v)) for key, v in values().items())
             except Exception:  # pragma: no cover - defensive
                 log.exception("metric callback %s failed", name)
         out: list[str] = []

@@ -25,6 +25,7 @@ import logging
 from ..admission import Admission, Limits
 from ..auth import Authorizer
 from ..endpoint import open_session, serve_sessions
+from ..errors import ConfigError
 from ..moqt import events as ev
 from ..moqt.errors import RequestErrorCode, SessionCode
 from ..moqt.track import FullTrackName, Track
@@ -63,8 +64,11 @@ class Relay:
         self.admission = Admission(authorizer, Limits(
             max_requests=config.max_requests_per_session,
             max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms))
-        self.settings = settings or (QuicSettings.loopback() if config.quic_preset == "loopback"
-                                     else QuicSettings())
+        try:
+            self.settings = settings or QuicSettings.for_path(mtu=config.mtu,
+                                                              preset=config.quic_preset)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
         self.cache = Cache(config.cache_bytes, self.metrics, pinned=self._pinned,
                            fed=self._fed, on_evict=self._on_evict)
@@ -92,6 +96,8 @@ class Relay:
         m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
         m.gauge("kvcs_relay_objects_out_total", lambda: self.objects_out()[0])
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
+        m.labelled_gauge("kvcs_relay_session_datagram_size_bytes", "session", lambda: {
+            str(p.id): p.max_datagram_size for p in self.sessions.values()})
 
     # ------------------------------------------------------------------ lifecycle
 

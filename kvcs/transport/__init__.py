@@ -3,7 +3,13 @@ HTTP/3), on qh3 or aioquic (:mod:`kvcs.transport.quic`; ``QuicSettings(library=.
 
 from .certs import DevCertificate, ensure_dev_certificate, fingerprint_sha256
 from .client import connect
-from .config import ALPN_H3, ALPN_MOQT, QuicSettings, max_datagram_size_limit
+from .config import (
+    ALPN_H3,
+    ALPN_MOQT,
+    INTERNET_DATAGRAM_SIZE,
+    QuicSettings,
+    max_datagram_size_limit,
+)
 from .connection import MoqtConnection
 from .interfaces import ConnectionInfo, SansIOSession, SessionFactory, SessionHandler
 from .quic import default_library, use_library
@@ -12,6 +18,7 @@ from .server import Server, serve
 __all__ = [
     "ALPN_H3",
     "ALPN_MOQT",
+    "INTERNET_DATAGRAM_SIZE",
     "ConnectionInfo",
     "DevCertificate",
     "MoqtConnection",

@@ -20,6 +20,7 @@ from .connection import DatagramSizeFellBack, MoqtConnection
 from .interfaces import SessionFactory
 from .quic import adapter
 from .quic.base import NetworkAddress
+from .udp import udp_socket
 
 logger = logging.getLogger(__name__)
 
@@ -54,20 +55,6 @@ def parse_url(url: str) -> Target:
     return Target(parts.hostname, port, parts.netloc, path, parts.scheme == "https")
 
 
-def _client_socket(settings: QuicSettings) -> socket.socket:
-    """A non-blocking dual-stack UDP socket on an ephemeral port."""
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    try:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        settings.configure_socket(sock)
-        sock.bind(("::", 0, 0, 0))
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 async def _dial(
     url: str,
     target: Target,
@@ -81,13 +68,11 @@ async def _dial(
 ) -> MoqtConnection:
     """One connection attempt: a new socket and QUIC connection, until the session is
     ready; raises ConnectionError (DatagramSizeFellBack: dial again)."""
-    loop = asyncio.get_running_loop()
     lib = adapter(settings.library)
-    sock = _client_socket(settings)
-    quic = lib.client_connection(configuration, settings)
-    transport, conn = await loop.create_datagram_endpoint(
-        lambda: MoqtConnection(
-            quic,
+    sock = udp_socket(socket.AF_INET6, ("::", 0, 0, 0), settings, dual_stack=True)
+    try:
+        conn = MoqtConnection(
+            lib.client_connection(configuration, settings),
             lib,
             factory=factory,
             settings=settings,
@@ -97,22 +82,22 @@ async def _dial(
             pin_sha256=pin,
             redial_on_fallback=redial_on_fallback,
             sock=sock,
-        ),
-        sock=sock,
-    )
-    assert isinstance(conn, MoqtConnection)
+        )
+    except BaseException:
+        sock.close()
+        raise
     conn.connect(addr)
     try:
         await asyncio.wait_for(conn.wait_ready(), timeout)
     except DatagramSizeFellBack:
-        transport.close()  # our CONNECTION_CLOSE is sent; nothing to wait for
+        conn.close_socket()  # our CONNECTION_CLOSE is sent; nothing to wait for
         raise
     except BaseException as exc:
         if not conn.is_closed:
             conn.close(0, "connect failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(conn.wait_closed(), 1.0)
-        transport.close()
+        conn.close_socket()
         if isinstance(exc, TimeoutError):
             raise ConnectionError(f"timeout connecting to {url}") from exc
         raise
@@ -131,9 +116,14 @@ async def _open_connection(
     target = parse_url(url)
     settings = settings or QuicSettings()
     pin = parse_fingerprint(pin_sha256) if pin_sha256 is not None else None
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM)
+    addr: NetworkAddress = infos[0][4]
     configuration = settings.quic_configuration(
-        is_client=True, alpn_protocols=[ALPN_H3 if target.webtransport else ALPN_MOQT]
-    )
+        is_client=True, alpn_protocols=[ALPN_H3 if target.webtransport else ALPN_MOQT],
+        peer=addr)
+    if len(addr) == 2:
+        addr = ("::ffff:" + addr[0], addr[1], 0, 0)
     configuration.server_name = target.host
     if pin is not None or not verify:
         # a pin replaces CA validation; it is checked right after the handshake
@@ -146,11 +136,6 @@ async def _open_connection(
         configuration.verify_mode = ssl.CERT_REQUIRED
         configuration.load_verify_locations(cafile=cafile)
 
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_DGRAM)
-    addr: NetworkAddress = infos[0][4]
-    if len(addr) == 2:
-        addr = ("::ffff:" + addr[0], addr[1], 0, 0)
     deadline = loop.time() + timeout
     try:
         return await _dial(url, target, addr, factory, settings, configuration, pin,
@@ -203,6 +188,10 @@ def connect(
     ``cafile`` is given; ``verify=False`` disables verification; ``pin_sha256`` (hex,
     colons allowed) accepts exactly the certificate with that SHA-256 fingerprint instead
     of CA validation (the connection is closed on mismatch).
+
+    The connection's datagram size follows the server's address unless ``settings`` fix
+    it (:meth:`QuicSettings.datagram_size_for`); it pings a quiet server before the idle
+    timeout (:attr:`QuicSettings.keep_alive_s`).
 
     A handshake the server answered so late that the QUIC library cut the datagram size
     for the connection's life is dialed once more (qh3: see

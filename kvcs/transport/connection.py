@@ -1,11 +1,13 @@
 """One QUIC connection carrying one MOQT session: the core of the asyncio binding.
 
-A :class:`MoqtConnection` is the asyncio datagram protocol of a QUIC connection. It drives
-the library's sans-IO ``QuicConnection`` through its adapter (:mod:`kvcs.transport.quic`),
-feeds QUIC (or WebTransport, :mod:`.webtransport`) events into the sans-IO session, calls
-the attached :class:`~kvcs.transport.interfaces.SessionHandler` after every batch of
-inputs, then drains ``session.actions()`` and carries them out: stream data goes through a
-priority :class:`~kvcs.transport.scheduler.SendScheduler`.
+A :class:`MoqtConnection` drives the library's sans-IO ``QuicConnection`` through its
+adapter (:mod:`kvcs.transport.quic`) over a :class:`~kvcs.transport.udp.UdpSocket` (its
+own on a client, the server's shared one), feeds QUIC (or WebTransport,
+:mod:`.webtransport`) events into the sans-IO session, calls the attached
+:class:`~kvcs.transport.interfaces.SessionHandler` after every batch of inputs, then
+drains ``session.actions()`` and carries them out: stream data goes through a priority
+:class:`~kvcs.transport.scheduler.SendScheduler`. It pings a quiet peer
+(:attr:`QuicSettings.keep_alive_s <kvcs.transport.QuicSettings.keep_alive_s>`).
 
 Application code that calls session API methods itself (outside the handler) must call
 :meth:`MoqtConnection.flush` afterwards. Servers (:mod:`.server`) and clients
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import socket
 from collections.abc import Callable
@@ -44,6 +47,7 @@ from .interfaces import (
 )
 from .quic.base import NetworkAddress, QuicAdapter, QuicConnectionAPI
 from .scheduler import SendScheduler
+from .udp import UdpSocket
 from .webtransport import H3_NO_ERROR, WebTransport, wt_to_http_error
 
 logger = logging.getLogger(__name__)
@@ -61,27 +65,12 @@ WT_CLOSE_GRACE = 2.0
 """Seconds to wait for the peer to close the QUIC connection after our
 CLOSE_WEBTRANSPORT_SESSION capsule before closing it ourselves."""
 
-RECEIVE_BATCH = 32
-"""Datagrams read from the UDP socket per readiness event. asyncio reads one datagram per
-event loop iteration and the QUIC library transmits after each; reading what is queued
-first and transmitting once per connection afterwards saves a ``datagrams_to_send`` pass
-(which visits every stream) per datagram and lets ACKs cover more packets."""
+_ping_ids = itertools.count(1)
 
 
 class DatagramSizeFellBack(ConnectionError):
     """The handshake completed only after the QUIC library cut the connection's datagram
     size for good: :mod:`.client` dials once more."""
-
-
-class ReceiveBatch:
-    """Connections of one server socket that received datagrams in the current batch: the
-    server transmits once per connection after the batch."""
-
-    __slots__ = ("active", "pending")
-
-    def __init__(self) -> None:
-        self.active = False
-        self.pending: dict[MoqtConnection, None] = {}
 
 
 class CidRouter(Protocol):
@@ -96,7 +85,7 @@ class CidRouter(Protocol):
         ...
 
 
-class MoqtConnection(asyncio.DatagramProtocol):
+class MoqtConnection:
     """One QUIC connection carrying one MOQT session (raw QUIC or WebTransport).
 
     Implements :class:`~kvcs.moqt.actions.StreamOpener`. Usable as an async context
@@ -118,9 +107,11 @@ class MoqtConnection(asyncio.DatagramProtocol):
         pin_sha256: bytes | None = None,
         redial_on_fallback: bool = False,
         sock: socket.socket | None = None,
-        receive_batch: ReceiveBatch | None = None,
+        udp: UdpSocket | None = None,
         cid_router: CidRouter | None = None,
     ) -> None:
+        """A client passes its own ``sock`` (read by the connection, closed with it), a
+        server connection the server's ``udp`` socket (the server reads it)."""
         self._loop = asyncio.get_running_loop()
         self._quic = quic
         self._lib = lib
@@ -137,10 +128,10 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._want_webtransport = webtransport
         self._pin = pin_sha256
         self._redial_on_fallback = redial_on_fallback
-        self._sock = sock  # client: our own socket, read in batches (and closed with us)
-        self._receive_batch = receive_batch  # server: set while the server reads a batch
+        self._owns_socket = sock is not None
+        self._udp = udp if sock is None else UdpSocket(
+            sock, self, batching=settings.gso, receive_size=settings.datagram_receive_buffer)
         self._cid_router = cid_router
-        self._transport: asyncio.DatagramTransport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_handle: asyncio.Handle | None = None
@@ -158,6 +149,9 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._drain_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._closed_callbacks: list[Callable[[], None]] = []
         self._datagram_size = lib.datagram_size(quic)
+        self._heard_at = self._loop.time()  # last datagram from the peer
+        self._keep_alive: asyncio.TimerHandle | None = None
+        self._keep_alive_every = 0.0
         self._wt: WebTransport | None = None
         self._wt_close_timer: asyncio.TimerHandle | None = None
         events = lib.events
@@ -168,6 +162,7 @@ class MoqtConnection(asyncio.DatagramProtocol):
             events.ConnectionTerminated: self._on_terminated,
             events.ConnectionIdIssued: self._on_cid_issued,
             events.ConnectionIdRetired: self._on_cid_retired,
+            events.PingAcknowledged: lambda event: None,  # keep-alive: the ACK is enough
         }
         self._raw_events = {events.StreamDataReceived, events.StreamReset,
                             events.StopSendingReceived, events.DatagramFrameReceived}
@@ -205,6 +200,17 @@ class MoqtConnection(asyncio.DatagramProtocol):
         :meth:`~kvcs.transport.quic.qh3.Qh3Adapter.datagram_size_fell_back`), or qh3's path
         probing raised a smaller one (up to 1452 bytes). Changes are logged at DEBUG."""
         return self._lib.datagram_size(self._quic)
+
+    @property
+    def gso(self) -> bool:
+        """Whether sends batch equal-size datagrams with UDP GSO now (``QuicSettings.gso``
+        on a kernel that takes it)."""
+        return self._udp is not None and self._udp.gso
+
+    @property
+    def gro(self) -> bool:
+        """Whether the socket receives coalesced datagrams (UDP GRO)."""
+        return self._udp is not None and self._udp.gro
 
     @property
     def buffered_bytes(self) -> int:
@@ -282,63 +288,49 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._quic.connect(addr, now=self._loop.time())
         self.transmit()
 
-    # -- asyncio datagram protocol --------------------------------------------------
+    # -- UDP ----------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """:meta private:"""
-        self._transport = transport  # type: ignore[assignment]
-        if self._sock is not None:
-            # the asyncio datagram transport reads with recvfrom(max_size)
-            transport.max_size = self.settings.datagram_receive_buffer  # type: ignore[attr-defined]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """:meta private: our socket closed (client); nothing more can be sent."""
-        if self._sock is not None:
-            self._transport = None
-            for handle in (self._timer, self._transmit_handle, self._flush_handle):
-                if handle is not None:
-                    handle.cancel()
-
-    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
-        """:meta private: feed a datagram (and, on a client, every other one already queued
-        on the socket) to QUIC, then transmit once (see :data:`RECEIVE_BATCH`)."""
-        quic, loop = self._quic, self._loop
-        quic.receive_datagram(data, addr, now=loop.time())  # type: ignore[arg-type]
+    def datagrams_received(self, datagrams: list[bytes], addr: NetworkAddress) -> None:
+        """:meta private: feed datagrams that arrived together from ``addr`` to QUIC and
+        handle the events; the socket's reader transmits afterwards (:meth:`receive_done`
+        on a client, the server once per connection that received any)."""
+        now = self._loop.time()
+        self._heard_at = now
+        self._lib.receive_datagrams(self._quic, datagrams, addr, now)
         self._process_events()
-        batch = self._receive_batch
-        if batch is not None and batch.active:
-            batch.pending[self] = None  # the server transmits after the batch
-            return
-        sock = self._sock
-        if sock is not None:
-            max_size = self.settings.datagram_receive_buffer
-            for _ in range(RECEIVE_BATCH - 1):
-                try:
-                    data, addr = sock.recvfrom(max_size)
-                except OSError:  # BlockingIOError: nothing queued; or closed / ICMP error
-                    break
-                quic.receive_datagram(data, addr, now=loop.time())
-                self._process_events()
+
+    def receive_done(self) -> None:
+        """:meta private: the client socket was read: transmit once."""
         self.transmit()
+
+    def close_socket(self) -> None:
+        """:meta private: a client's socket closes (after the connection ended or failed
+        to start); nothing more is sent."""
+        for handle in (self._timer, self._transmit_handle, self._flush_handle,
+                       self._keep_alive):
+            if handle is not None:
+                handle.cancel()
+        if self._owns_socket and self._udp is not None:
+            self._udp.close()
+            self._udp = None
 
     def transmit(self) -> None:
         """Refill QUIC from the scheduler, send datagrams, re-arm the timer."""
         self._transmit_handle = None
-        if self._transport is None:
+        udp = self._udp
+        if udp is None:
             return
-        quic, sendto, scheduler = self._quic, self._transport.sendto, self._scheduler
+        quic, scheduler = self._quic, self._scheduler
         for _ in range(16):
             scheduler.refill()
-            sent = 0
             try:
                 datagrams = quic.datagrams_to_send(now=self._loop.time())
             except self._errors as exc:  # pragma: no cover - qh3 core hiccup
                 logger.debug("datagrams_to_send failed: %s", exc)
                 break
-            for data, addr in datagrams:
-                sendto(data, addr)
-                sent += 1
-            if not sent or not scheduler.has_queued:
+            if datagrams:
+                udp.send(datagrams)
+            if not datagrams or not scheduler.has_queued:
                 break
             if scheduler.unsent_bytes() >= scheduler.watermark:
                 break  # QUIC is blocked (cwnd / pacing), not starved
@@ -378,7 +370,7 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._writable_scheduled = False
         drained, self._scheduler.drained = self._scheduler.drained, []
         session = self.session
-        if session is None or self._transport is None:
+        if session is None or self._udp is None:
             return
         writable = getattr(session, "stream_writable", None)
         if writable is None:
@@ -445,9 +437,10 @@ class MoqtConnection(asyncio.DatagramProtocol):
                 )
                 self._fail(ConnectionError(f"certificate pin mismatch (got {got})"))
                 return
+        configured = int(self._quic.configuration.max_datagram_size)
         if self._lib.datagram_size_fell_back(self._quic):
             why = (f"the server answered the QUIC handshake late and {self._lib.name} cut the "
-                   f"datagram size from {self.settings.max_datagram_size} to "
+                   f"datagram size from {configured} to "
                    f"{self.max_datagram_size} bytes for the connection's life")
             if self._redial_on_fallback:
                 self._local_close = (QUIC_NO_ERROR, "redialing")
@@ -455,6 +448,10 @@ class MoqtConnection(asyncio.DatagramProtocol):
                 self._fail(DatagramSizeFellBack(why))
                 return
             logger.warning("%s (twice: does the path drop larger datagrams?)", why)
+        logger.debug("%s connection with %s: datagram size %d bytes (configured %d)",
+                     "client" if self._is_client else "server",
+                     self._lib.peer_address(self._quic), self.max_datagram_size, configured)
+        self._start_keep_alive()
         if alpn == ALPN_MOQT and not self._want_webtransport:
             self._create_session("quic", alpn, self._authority, self._path)
         elif alpn == ALPN_H3:
@@ -509,6 +506,36 @@ class MoqtConnection(asyncio.DatagramProtocol):
 
     def _session_failed(self) -> None:
         self._close_session(INTERNAL_ERROR, "internal error")
+
+    # -- keep-alive -----------------------------------------------------------------
+
+    def _start_keep_alive(self) -> None:
+        every = self.settings.keep_alive_interval(
+            is_client=self._is_client, idle_timeout=self._lib.idle_timeout(self._quic))
+        if every is None:
+            return
+        self._keep_alive_every = every
+        self._keep_alive = self._loop.call_later(every, self._keep_alive_due)
+        logger.debug("%s connection: PING after %.1f s without a packet from the peer",
+                     "client" if self._is_client else "server", every)
+
+    def _keep_alive_due(self) -> None:
+        """Ping the peer if nothing came from it for the keep-alive interval (its ACK
+        restarts both ends' idle timers), then check again when the next one could end."""
+        self._keep_alive = None
+        if self._udp is None or self._terminated is not None or self._local_close is not None:
+            return
+        now, every = self._loop.time(), self._keep_alive_every
+        due = self._heard_at + every
+        if now >= due - 0.001:  # the loop may call a little early (clock resolution)
+            try:
+                self._quic.send_ping(next(_ping_ids))
+            except self._errors as exc:  # pragma: no cover - the connection just died
+                logger.debug("keep-alive PING failed: %s", exc)
+                return
+            self.transmit()
+            due = now + every
+        self._keep_alive = self._loop.call_at(due, self._keep_alive_due)
 
     # -- raw QUIC -------------------------------------------------------------------
 
@@ -638,6 +665,8 @@ class MoqtConnection(asyncio.DatagramProtocol):
     def _on_terminated(self, event: Any) -> None:
         self._terminated = event
         self._closed.set()
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
         if self._wt_close_timer is not None:
             self._wt_close_timer.cancel()
         if self._local_close is not None:
@@ -655,8 +684,8 @@ class MoqtConnection(asyncio.DatagramProtocol):
         self._drain_waiters.clear()
         for callback in self._closed_callbacks:
             callback()
-        if self._sock is not None and self._transport is not None:
-            self._loop.call_soon(self._transport.close)
+        if self._owns_socket:
+            self._loop.call_soon(self.close_socket)
 
     def _wake_drainers(self) -> None:
         buffered = self.buffered_bytes

@@ -16,7 +16,14 @@ from kvcs.moqt.actions import (
     StopSending,
 )
 from kvcs.testing import until
-from kvcs.transport import MoqtConnection, QuicSettings, connect
+from kvcs.transport import (
+    DevCertificate,
+    MoqtConnection,
+    QuicSettings,
+    connect,
+    max_datagram_size_limit,
+    serve,
+)
 
 from .conftest import EchoSession, ServerHandle, echo_factory
 
@@ -180,3 +187,20 @@ async def test_max_datagram_size_is_observable(server: ServerHandle,
         await until(lambda: conn.max_datagram_size > 1280)
         assert conn.max_datagram_size <= 1472
         await until(lambda: "client connection: datagram size 1280 -> " in caplog.text)
+
+
+async def test_loopback_peers_get_large_datagrams_by_default(cert: DevCertificate) -> None:
+    """Issue #16: default settings on both ends, a peer on loopback: both directions use
+    the library's largest datagrams without any option."""
+    settings = QuicSettings()
+    conns: list[MoqtConnection] = []
+    server = await serve("127.0.0.1", 0, echo_factory, settings, str(cert.certfile),
+                         str(cert.keyfile), on_session=conns.append)
+    try:
+        async with connect(f"moqt://localhost:{server.port}/", echo_factory, settings,
+                           verify=False) as conn:
+            await until(lambda: bool(conns))
+            limit = max_datagram_size_limit(settings.library)
+            assert conn.max_datagram_size == conns[0].max_datagram_size == limit
+    finally:
+        await server.aclose()

@@ -110,3 +110,35 @@ def test_quic_varint() -> None:
         assert decode_varint(data[:-1], 0) is None
     with pytest.raises(ValueError):
         encode_varint(2**62)
+
+
+def test_datagram_size_per_peer() -> None:
+    from kvcs.transport.config import INTERNET_DATAGRAM_SIZE, is_loopback
+
+    for address in (("127.0.0.1", 1), ("127.3.2.1", 1), ("::1", 1, 0, 0),
+                    ("::ffff:127.0.0.1", 1, 0, 0)):
+        assert is_loopback(address), address
+    for address in (("192.0.2.1", 1), ("2001:db8::1", 1, 0, 0), ("::ffff:10.0.0.1", 1, 0, 0),
+                    ("0.0.0.0", 1), None, ("not-an-address", 1)):
+        assert not is_loopback(address), address
+    for library, limit in (("qh3", 60000), ("aioquic", 16000)):
+        auto = QuicSettings(library=library)
+        assert auto.max_datagram_size is None
+        assert auto.datagram_size_for(("127.0.0.1", 4443)) == limit
+        assert auto.datagram_size_for(("192.0.2.1", 4443)) == INTERNET_DATAGRAM_SIZE == 1350
+        fixed = QuicSettings(library=library, max_datagram_size=1452)
+        assert {fixed.datagram_size_for(a) for a in (("::1", 1, 0, 0), ("192.0.2.1", 1))} == {
+            1452}
+
+
+def test_settings_for_a_path() -> None:
+    assert QuicSettings.for_path(mtu=1500).max_datagram_size == 1452
+    assert QuicSettings.for_path(mtu=9000, library="qh3").max_datagram_size == 8952
+    assert QuicSettings.for_path().max_datagram_size is None
+    assert QuicSettings.for_path(preset="loopback") == QuicSettings.loopback()
+    with pytest.raises(ValueError, match=r"--mtu must be within 1248\.\.16048 on aioquic"):
+        QuicSettings.for_path(mtu=60000, library="aioquic")
+    with pytest.raises(ValueError, match="--mtu"):
+        QuicSettings.for_path(mtu=1000)
+    with pytest.raises(ValueError, match="unknown QUIC preset"):
+        QuicSettings.for_path(preset="lan")

@@ -127,6 +127,7 @@ class AioquicAdapter:
         stream = QuicStream(stream_id=0)
         missing = [name for owner, name in (
             (QuicConnection, "get_peer_address"), (H3Connection, "_get_or_create_stream"),
+            (QuicConnection(configuration=QuicConfiguration()), "_remote_max_idle_timeout"),
             (stream, "is_blocked"), (stream, "max_stream_data_remote"),
             (stream.sender, "highest_offset"), (stream.sender, "_buffer_stop"),
             (stream.sender, "_reset_error_code"),
@@ -137,11 +138,12 @@ class AioquicAdapter:
         logging.getLogger("quic").addFilter(_log_filter)  # once: filters are a set
 
     def configuration(self, settings: QuicSettings, *, is_client: bool,
-                      alpn_protocols: Sequence[str]) -> QuicConfiguration:
+                      alpn_protocols: Sequence[str],
+                      max_datagram_size: int) -> QuicConfiguration:
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),
-            max_datagram_size=settings.max_datagram_size,
+            max_datagram_size=max_datagram_size,
             max_data=settings.max_data,
             max_stream_data=settings.max_stream_data,
             idle_timeout=settings.idle_timeout,
@@ -194,6 +196,16 @@ class AioquicAdapter:
 
     def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
         return cast(QuicConnection, quic).get_peer_address() or None
+
+    def receive_datagrams(self, quic: QuicConnectionAPI, datagrams: list[bytes],
+                          addr: NetworkAddress, now: float) -> None:
+        for data in datagrams:
+            quic.receive_datagram(data, addr, now)
+
+    def idle_timeout(self, quic: QuicConnectionAPI) -> float:
+        ours = float(quic.configuration.idle_timeout or 0)
+        theirs = cast(QuicConnection, quic)._remote_max_idle_timeout or 0  # no accessor
+        return min(t for t in (ours, theirs) if t) if ours or theirs else 0.0
 
     def datagram_size(self, quic: QuicConnectionAPI) -> int:
         return int(cast(QuicConnection, quic)._max_datagram_size)  # fixed by the config

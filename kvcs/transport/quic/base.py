@@ -51,6 +51,8 @@ class QuicConnectionAPI(Protocol):
 
     def send_datagram_frame(self, data: bytes) -> None: ...
 
+    def send_ping(self, uid: int) -> None: ...
+
     def close(self, error_code: int = ..., frame_type: int | None = None,
               reason_phrase: str = "") -> None: ...
 
@@ -127,8 +129,9 @@ class QuicAdapter(Protocol):
     """What the library raises when a stream or the connection can no longer take a call."""
 
     def configuration(self, settings: QuicSettings, *, is_client: bool,
-                      alpn_protocols: Sequence[str]) -> Any:
-        """A ``QuicConfiguration`` of this library for ``settings`` (no TLS material)."""
+                      alpn_protocols: Sequence[str], max_datagram_size: int) -> Any:
+        """A ``QuicConfiguration`` of this library for ``settings`` and a connection that
+        sends datagrams of up to ``max_datagram_size`` bytes (no TLS material)."""
         ...
 
     def client_connection(self, configuration: Any, settings: QuicSettings) -> QuicConnectionAPI:
@@ -158,6 +161,17 @@ class QuicAdapter(Protocol):
 
     def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
         """Where the connection sends its datagrams."""
+        ...
+
+    def receive_datagrams(self, quic: QuicConnectionAPI, datagrams: list[bytes],
+                          addr: NetworkAddress, now: float) -> None:
+        """Feed datagrams that arrived together from ``addr`` (one library call where the
+        library takes a batch)."""
+        ...
+
+    def idle_timeout(self, quic: QuicConnectionAPI) -> float:
+        """The connection's idle timeout in seconds once the handshake is done: the
+        smaller of ours and the peer's (0: none)."""
         ...
 
     def datagram_size(self, quic: QuicConnectionAPI) -> int:

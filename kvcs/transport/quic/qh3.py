@@ -26,6 +26,7 @@ from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.quic.packet import (
     Buffer,
+    QuicErrorCode,
     QuicPacketType,
     encode_quic_version_negotiation,
     pull_quic_header,
@@ -78,7 +79,8 @@ def _patch_datagrams_to_send() -> None:
     poll fails (its core sometimes raises "packet builder capacity exhausted" under
     heavy fan-out), loses every datagram already taken from the core in that call: the
     peer never sees them and loss recovery must resend them. Keep what was built and
-    stop at the failure; the next transmit polls again."""
+    stop at the failure; the next transmit polls again. Skip qh3's per-datagram logging
+    calls without a QUIC logger (they parse each packet header: ~1 us per datagram)."""
     cls = qh3_connection.QuicConnection
     if getattr(cls.datagrams_to_send, "_kvcs_patched", False):
         return
@@ -87,18 +89,22 @@ def _patch_datagrams_to_send() -> None:
         if self._core is None:
             return []
         datagrams: list[tuple[bytes, Any]] = []
+        poll = self._core.poll_transmit
+        logged = self._quic_logger is not None  # qh3 parses every packet header to log
         while True:
             try:
-                transmit = self._call_core(self._core.poll_transmit, now)
-            except QuicConnectionError as exc:
+                transmit = poll(now)
+            except RuntimeError as exc:  # what _call_core turns into QuicConnectionError
                 if not datagrams:
-                    raise
+                    raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None,
+                                              str(exc)) from exc
                 logger.debug("qh3 poll_transmit: %s (kept %d datagrams)", exc, len(datagrams))
                 break
             if transmit is None:
                 break
-            self._log_datagram("datagrams_sent", transmit[0])
-            self._log_packets("packet_sent", transmit[0])
+            if logged:
+                self._log_datagram("datagrams_sent", transmit[0])
+                self._log_packets("packet_sent", transmit[0])
             datagrams.append((transmit[0], transmit[1]))
         return datagrams
 
@@ -180,7 +186,8 @@ class Qh3Adapter:
         apply_patches()
 
     def configuration(self, settings: QuicSettings, *, is_client: bool,
-                      alpn_protocols: Sequence[str]) -> QuicConfiguration:
+                      alpn_protocols: Sequence[str],
+                      max_datagram_size: int) -> QuicConfiguration:
         # probe_datagram_size: path MTU probing (client only). qh3 probes 1280, 1350,
         # 1452 and 1472 bytes above max_datagram_size, never beyond: a no-op for larger
         # sizes (the loopback preset), and what lifts a handshake fallback (see
@@ -188,7 +195,7 @@ class Qh3Adapter:
         return QuicConfiguration(
             is_client=is_client,
             alpn_protocols=list(alpn_protocols),
-            max_datagram_size=settings.max_datagram_size,
+            max_datagram_size=max_datagram_size,
             max_data=settings.max_data,
             max_stream_data=settings.max_stream_data,
             idle_timeout=settings.idle_timeout,
@@ -234,6 +241,20 @@ class Qh3Adapter:
 
     def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
         return cast(QuicConnection, quic)._remote_addr  # no public accessor in qh3 2.1
+
+    def receive_datagrams(self, quic: QuicConnectionAPI, datagrams: list[bytes],
+                          addr: NetworkAddress, now: float) -> None:
+        if len(datagrams) == 1:
+            quic.receive_datagram(datagrams[0], addr, now)
+        else:  # one call into the core for the batch once the handshake is done
+            cast(QuicConnection, quic).receive_many_datagrams(datagrams, addr, now)
+
+    def idle_timeout(self, quic: QuicConnectionAPI) -> float:
+        ours = float(quic.configuration.idle_timeout or 0)
+        tls = cast(QuicConnection, quic)._tls
+        peer = tls.remote_transport_parameters if tls is not None else None  # no accessor
+        theirs = (peer.max_idle_timeout or 0) / 1000 if peer is not None else 0
+        return min(t for t in (ours, theirs) if t) if ours or theirs else 0.0
 
     def datagram_size(self, quic: QuicConnectionAPI) -> int:
         core = cast(QuicConnection, quic)._core
