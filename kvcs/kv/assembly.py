@@ -12,13 +12,17 @@ authenticity is required. It is then given bytes:
 * newer manifest versions, whose signed ``object_digests`` confirm layers:
   :meth:`LayerAssembler.use_manifest`.
 
-It verifies each object (68-octet header, Location, SHA-256, component, codec, token count
-and token start, and the signed digest when required) and each container (layer digests,
-CompatID, Block Key, token start), copies the verified data into preallocated layer arrays
-(one copy: receive buffer -> layer), hands out complete layers in order
-(:meth:`LayerAssembler.pop_ready`) and says exactly which blocks are still missing
-(:meth:`LayerAssembler.missing`). A failed check discards the object, counts it as rejected
-and leaves its block missing: nothing raises and no unverified byte reaches a yielded layer.
+It verifies each object (with content keys, first that it decrypts as a MOQT Secure Object;
+then the 68-octet header, Location, SHA-256, component, codec, token count and token start,
+and the signed digest when required) and each container (layer digests, CompatID, Block
+Key, token start, and the manifest's digest when the retrieval is protected or signed),
+decodes the verified data straight into preallocated layer arrays (one pass: receive
+buffer -> layer), hands out complete layers in order (:meth:`LayerAssembler.pop_ready`)
+and says exactly which blocks are still missing (:meth:`LayerAssembler.missing`). A failed
+check discards the object, counts it as rejected and leaves its block missing: nothing
+raises and no unverified byte reaches a yielded layer. An object whose Key ID is not held
+is kept for ``key_wait_s`` (:meth:`LayerAssembler.release_held` retries it once the key
+is added to the :class:`~kvcs.kv.secure.SecureObjects`), then treated as missing.
 
 No I/O: :class:`kvcs.kvnet.consumer.KvConsumer` subscribes, fetches, retries and feeds it.
 """
@@ -27,19 +31,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-from .codecs import Buffer, codec_value, decode_component, raw_section
+from ..moqt.wire import Properties
+from .codecs import Buffer, codec_value, decode_component_into, raw_section
 from .component import Component
 from .container import decode_container, read_container
 from .errors import ContainerError, ManifestError, VerificationError
 from .ids import CompatDescriptor
 from .manifest import Manifest, Segment
 from .payload import verify_payload
+from .secure import SecureObjects, UnknownKeyIdError, open_object
 from .tracks import TrackName
 
 __all__ = [
@@ -81,6 +88,8 @@ class AssemblyStats:
     """Objects of blocks beyond the ones wanted (a FETCH without an object filter)."""
     http_blocks: int = 0
     """Blocks (containers, all needed layers each) placed from KVSP HTTP holders."""
+    held: int = 0
+    """Protected objects held because their Key ID was not (yet) known."""
 
 
 class Outcome(Enum):
@@ -98,6 +107,8 @@ class Outcome(Enum):
     """A layer outside the range, or already handed out: dropped."""
     REJECTED = "rejected"
     """Failed verification: dropped, its block stays missing."""
+    HELD = "held"
+    """Protected with a Key ID not held yet: kept a bounded time (its block is missing)."""
 
 
 def select_tracks(segment: Segment, codec: str) -> dict[Component, TrackName]:
@@ -143,20 +154,21 @@ class _LayerBuffer:
             return bool(self.have_v[block])
         return bool(self.have_k[block] and self.have_v[block])
 
-    def place(self, block: int, k: np.ndarray | None, v: np.ndarray | None) -> None:
-        """Copy verified rows of one block (K, V or both) into the layer."""
-        if k is not None:
-            rows = k.shape[0]
-            self.k[block * rows:(block + 1) * rows] = k
-            if not self.have_k[block]:
-                self.have_k[block] = True
-                self.placed += 1
-        if v is not None:
-            rows = v.shape[0]
-            self.v[block * rows:(block + 1) * rows] = v
-            if not self.have_v[block]:
-                self.have_v[block] = True
-                self.placed += 1
+    def place(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Copy verified rows of one block (K and V) into the layer."""
+        rows = k.shape[0]
+        self.k[block * rows:(block + 1) * rows] = k
+        self.v[block * rows:(block + 1) * rows] = v
+        self.mark(Component.KV, block)
+
+    def mark(self, kind: Component, block: int) -> None:
+        """Count the rows of ``kind`` of one block as placed (they were written)."""
+        if kind.carries_k and not self.have_k[block]:
+            self.have_k[block] = True
+            self.placed += 1
+        if kind.carries_v and not self.have_v[block]:
+            self.have_v[block] = True
+            self.placed += 1
 
     def drop(self, kind: Component, block: int) -> bool:
         """Forget a placed object (its signed digest differs); True if it was placed."""
@@ -176,6 +188,18 @@ class _LayerBuffer:
         return np.flatnonzero(~(self.have_k & self.have_v)).tolist()
 
 
+@dataclass
+class _Held:
+    """A protected object waiting for the content key of its Key ID."""
+
+    payload: Buffer
+    publisher_priority: int
+    properties: Properties
+    namespace: tuple[bytes, ...]
+    key_id: int
+    deadline: float
+
+
 class LayerAssembler:
     """Verifies objects and containers of one retrieval and assembles its layers.
 
@@ -185,7 +209,11 @@ class LayerAssembler:
     retrieval of containers only. ``block_keys``: the consumer's Block Keys from block 0,
     which name and verify containers. ``require_signed``: a layer is handed out only once
     every object of it matches the signed ``object_digests`` (:meth:`use_manifest`).
-    ``stats`` is updated in place (shared with the caller's counters).
+    ``secure``: the scope's content keys; every object must then decrypt (a protected
+    publication, ``namespace`` its Track Namespace fields as on the wire), and containers
+    are accepted only where the manifest, authenticated by the same keys, lists their
+    digests. An object with an unknown Key ID is held ``key_wait_s`` seconds (``clock``)
+    for its key. ``stats`` is updated in place (shared with the caller's counters).
     """
 
     def __init__(
@@ -198,6 +226,10 @@ class LayerAssembler:
         first_block: int = 0,
         block_keys: Sequence[bytes] = (),
         require_signed: bool = False,
+        secure: SecureObjects | None = None,
+        namespace: Sequence[bytes] = (),
+        key_wait_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
         stats: AssemblyStats | None = None,
     ) -> None:
         if (layers.step != 1 or layers.start < 0 or layers.stop > descriptor.layers
@@ -214,8 +246,15 @@ class LayerAssembler:
         self.tracks: dict[Component, TrackName] = dict(tracks or {})
         self.block_keys = block_keys
         self.require_signed = require_signed
+        self.secure = secure
+        self.namespace = tuple(namespace)
+        self.key_wait_s = key_wait_s
         self.stats = stats if stats is not None else AssemblyStats()
+        self._clock = clock
         self._codecs = {kind: codec_value(t.codec or "") for kind, t in self.tracks.items()}
+        self._names = {kind: t.format().encode() for kind, t in self.tracks.items()}
+        self._held: dict[tuple[Component, int, int], _Held] = {}
+        self._given_up: set[int] = set()  # Key IDs whose objects waited in vain
         self._block_tokens = descriptor.block_tokens
         self._dtype = descriptor.dtype
         self._k_shape = descriptor.k_shape()
@@ -252,9 +291,14 @@ class LayerAssembler:
             if buf is None or (self.require_signed and not self._listed_layer(layer)):
                 out[layer] = list(range(self.blocks))
                 continue
-            if self.require_signed:
-                self._drop_unsigned(layer, buf)
-            if miss := buf.missing():
+            if buf.digests and not self._listed_layer(layer):
+                # protected: blocks from containers wait for the manifest to list them
+                miss = sorted(set(buf.missing()) | {b for _, b in buf.digests})
+            else:
+                if buf.digests:
+                    self._drop_unsigned(layer, buf)
+                miss = buf.missing()
+            if miss:
                 out[layer] = miss
         return out
 
@@ -272,8 +316,14 @@ class LayerAssembler:
 
     # ------------------------------------------------------------------ objects
 
-    def accept(self, kind: Component, layer: int, block: int, payload: Buffer) -> Outcome:
-        """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it."""
+    def accept(self, kind: Component, layer: int, block: int, payload: Buffer, *,
+               publisher_priority: int = 128, properties: Properties = (),
+               namespace: Sequence[bytes] | None = None) -> Outcome:
+        """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it.
+
+        ``publisher_priority`` (effective, :func:`~kvcs.kv.secure.effective_priority`) and
+        ``properties`` as received matter for protected objects (the AAD); ``namespace``
+        is that of another publication whose objects recover this one's (deterministic)."""
         if layer < self._next or layer >= self.layers.stop:
             return Outcome.IGNORED
         if block >= self.blocks:
@@ -283,12 +333,16 @@ class LayerAssembler:
         if buf.has(kind, block):
             self.stats.duplicates += 1
             return Outcome.DUPLICATE
+        ns = self.namespace if namespace is None else tuple(namespace)
         try:
-            digest = self._verify_and_place(buf, kind, layer, block, payload)
+            digest = self._verify_and_place(buf, kind, layer, block, payload,
+                                            publisher_priority, properties, ns)
+        except UnknownKeyIdError as exc:
+            return self._hold(kind, layer, block, _Held(
+                payload, publisher_priority, properties, ns, exc.key_id,
+                self._clock() + self.key_wait_s))
         except (VerificationError, ValueError) as exc:
-            self.stats.rejected += 1
-            track = self.tracks.get(kind, kind.value)
-            log.warning("discarding object %d/%d of %s: %s", layer, block, track, exc)
+            self._reject(kind, layer, block, exc)
             return Outcome.REJECTED
         if self.require_signed:
             buf.digests[(kind, block)] = digest
@@ -296,12 +350,20 @@ class LayerAssembler:
         self.stats.bytes += len(payload)
         return Outcome.LAYER_COMPLETE if buf.complete() else Outcome.PLACED
 
+    def _reject(self, kind: Component, layer: int, block: int, reason: object) -> None:
+        self.stats.rejected += 1
+        track = self.tracks.get(kind, kind.value)
+        log.warning("discarding object %d/%d of %s: %s", layer, block, track, reason)
+
     def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
-                          payload: Buffer) -> bytes:
+                          payload: Buffer, priority: int, properties: Properties,
+                          namespace: tuple[bytes, ...]) -> bytes:
         codec = self._codecs.get(kind)
         if codec is None:
             raise VerificationError(f"no {kind.value} track is selected")
-        hdr = verify_payload(payload, group=layer, object_id=block,
+        plain = open_object(self.secure, namespace, self._names[kind], layer, block, payload,
+                            publisher_priority=priority, properties=properties)
+        hdr = verify_payload(plain, group=layer, object_id=block,
                              expected_digest=self._listed(kind, layer, block))
         if hdr.component != kind.field:
             raise VerificationError(f"component {hdr.component} on the {kind.value} track")
@@ -310,18 +372,66 @@ class LayerAssembler:
         expected = (self.first_block + block) * self._block_tokens
         if hdr.token_start != expected:
             raise VerificationError(f"token start {hdr.token_start}, expected {expected}")
-        k, v = decode_component(kind, codec, hdr.data, self._dtype, self._k_shape,
-                                self._v_shape)
-        buf.place(block, k, v)
+        rows = slice(block * self._block_tokens, (block + 1) * self._block_tokens)
+        # straight into the layer: a section that fails to decode leaves its rows unmarked
+        decode_component_into(kind, codec, hdr.data, buf.k[rows], buf.v[rows])
+        buf.mark(kind, block)
         return hdr.digest
+
+    # ------------------------------------------------------------------ unknown Key IDs
+
+    def _hold(self, kind: Component, layer: int, block: int, held: _Held) -> Outcome:
+        if held.key_id in self._given_up:
+            self._reject(kind, layer, block, f"no content key for Key ID {held.key_id}")
+            return Outcome.REJECTED
+        if self._held.setdefault((kind, layer, block), held) is held:
+            self.stats.held += 1
+            log.info("holding object %d/%d of %s: no content key for Key ID %d yet", layer,
+                     block, self.tracks.get(kind, kind.value), held.key_id)
+        return Outcome.HELD
+
+    @property
+    def held_until(self) -> float | None:
+        """When the first held object expires (``clock`` time), None if none is held."""
+        return min((h.deadline for h in self._held.values()), default=None)
+
+    def release_held(self) -> bool:
+        """Retry the held objects whose key is now held, and drop (count as rejected,
+        leave missing) those held ``key_wait_s``; True if a layer may have completed."""
+        if not self._held:
+            return False
+        now = self._clock()
+        completed = False
+        for (kind, layer, block), h in list(self._held.items()):
+            if self.secure is not None and h.key_id in self.secure:
+                del self._held[(kind, layer, block)]
+                outcome = self.accept(kind, layer, block, h.payload,
+                                      publisher_priority=h.publisher_priority,
+                                      properties=h.properties, namespace=h.namespace)
+                completed |= outcome is Outcome.LAYER_COMPLETE
+            elif now >= h.deadline:
+                del self._held[(kind, layer, block)]
+                self._given_up.add(h.key_id)
+                self._reject(kind, layer, block,
+                             f"no content key for Key ID {h.key_id} within {self.key_wait_s} s")
+        return completed
 
     # ------------------------------------------------------------------ containers
 
     @property
+    def _confirm_containers(self) -> bool:
+        """Containers must match the manifest's digests: it is signed (authenticity
+        required) or authenticated by the content keys (a protected retrieval), while the
+        containers come from a holder that neither covers."""
+        return self.require_signed or self.secure is not None
+
+    @property
     def containers_usable(self) -> bool:
-        """False when containers cannot be confirmed: authenticity required and a selected
-        track is not ``raw`` (its signed digests are not those of raw sections)."""
-        return not (self.require_signed and any(c != _RAW for c in self._codecs.values()))
+        """False when containers cannot be confirmed: they must match the manifest's
+        digests and a selected track is not ``raw`` (its digests are not those of raw
+        sections)."""
+        return not (self._confirm_containers
+                    and any(c != _RAW for c in self._codecs.values()))
 
     def container_blocks(self, missing: Mapping[int, Iterable[int]] | None = None) -> list[int]:
         """The blocks (within the segment) of ``missing`` (default: :meth:`missing`) that a
@@ -360,7 +470,7 @@ class LayerAssembler:
             if buf.has(Component.KV, block):
                 continue
             buf.place(block, ks[layer], vs[layer])
-            if self.require_signed:
+            if self._confirm_containers:
                 # what the objects' Data Digests are: SHA-256 of the raw sections, the
                 # layer digest for a joint kv.raw track
                 for kind in self.tracks:
@@ -374,8 +484,9 @@ class LayerAssembler:
 
     def use_manifest(self, manifest: Manifest) -> None:
         """Take the ``object_digests`` of a (newer) manifest version of the publication:
-        with authenticity required they confirm layers (the manifest is trusted, i.e. its
-        signature was verified)."""
+        with authenticity required they confirm layers, in a protected retrieval the
+        containers placed (the manifest is trusted: its signature was verified, or it
+        decrypted with the content keys)."""
         for kind, track in self.tracks.items():
             seg = manifest.segment(track.segment or 0)
             groups = None
@@ -405,9 +516,10 @@ class LayerAssembler:
                     self.stats.rejected += 1
 
     def _confirmed(self, layer: int, buf: _LayerBuffer) -> bool:
-        """True if the complete layer may be handed out: authenticity is not required, or
-        the manifest lists the layer and every object of it has its signed digest."""
-        if not self.require_signed:
+        """True if the complete layer may be handed out: nothing in it needs the manifest's
+        digests, or the manifest lists the layer and everything that needs them (with
+        authenticity required every object; protected, the containers) has its digest."""
+        if not (self.require_signed or buf.digests):
             return True
         if not self._listed_layer(layer):
             return False  # wait for a newer manifest version
