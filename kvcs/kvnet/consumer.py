@@ -27,6 +27,11 @@ Procedures (kvcs-draft "Consumer Procedures"):
   when authenticity is required) and placed by a sans-IO
   :class:`~kvcs.kv.assembly.LayerAssembler`; a bad object is discarded and treated as
   missing;
+* protection (``secure=``, the scope's content keys): the manifest and every object must
+  decrypt as MOQT Secure Objects before any KVCS check, and the manifest must declare the
+  protection; a plaintext or tampered object is missing, never a fallback. An object whose
+  Key ID is not held waits ``key_wait_s`` for :meth:`KvConsumer.add_content_key`, then is
+  missing;
 * a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
   order; missing blocks are retried (other endpoints = other relays, other publications
   when both are deterministic) within a recompute-time budget, then reported through
@@ -60,10 +65,18 @@ from ..kv.container import max_container_size
 from ..kv.cose import Keyring, verify_manifest
 from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
-from ..kv.manifest import Manifest, Segment, check_namespace, segment_covers
+from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
+from ..kv.secure import ContentKey, SecureObjects, effective_priority, open_object
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
-from ..moqt.wire import Location, LocationFilter, ObjectStatus, Parameters, RangeFilter
+from ..moqt.wire import (
+    Location,
+    LocationFilter,
+    ObjectStatus,
+    Parameters,
+    Properties,
+    RangeFilter,
+)
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
@@ -138,6 +151,8 @@ class KvConsumer:
         on_progress: Callable[[str, int, int], None] | None = None,
         relay_profile: RelayProfile | str = "kvcs",
         http: KvspClient | None = None,
+        secure: SecureObjects | None = None,
+        key_wait_s: float = 2.0,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
         if not self.endpoints and http is None:
@@ -164,10 +179,25 @@ class KvConsumer:
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
                                self.descriptor.block_tokens)
+        self.secure = secure
+        """The scope's content keys: only protected publications are accepted, and only
+        objects that decrypt (None: only unprotected publications)."""
+        self.key_wait_s = key_wait_s
+        """Seconds an object with an unknown Key ID waits for its key before it is missing."""
+        self._retrievals: set[_Retrieval] = set()
         self.stats = ConsumerStats()
         self.manifests: dict[tuple[bytes, ...], Manifest] = {}
         self.discarded: list[tuple[Publication, str]] = []
         """Publications found but rejected, with the reason."""
+
+    def add_content_key(self, key: ContentKey) -> None:
+        """Hold one more content key (e.g. after the publisher rotated to a Key ID this
+        consumer did not have): objects waiting for it are decrypted now."""
+        if self.secure is None:
+            self.secure = SecureObjects()
+        self.secure.add_key(key)
+        for run in self._retrievals:
+            run.ready.set()
 
     @property
     def endpoint(self) -> Endpoint:
@@ -252,10 +282,10 @@ class KvConsumer:
         """Read and check the newest manifest of a publication (raises ManifestError or
         SignatureError)."""
         ep = endpoint or self.endpoint
-        blob, signed = await self._manifest_blob(ep, pub)
-        return self._check_manifest(pub, blob, signed)
+        blob, protected, signed = await self._manifest_blob(ep, pub)
+        return self._check_manifest(pub, blob, signed, protected)
 
-    async def _manifest_blob(self, ep: Endpoint, pub: Publication) -> tuple[bytes, bool]:
+    async def _manifest_blob(self, ep: Endpoint, pub: Publication) -> tuple[bytes, bool, bool]:
         names = [(TrackName.manifest(cose=True).to_bytes(), True)]
         if not self.require_signed:
             names.append((TrackName.manifest(cose=False).to_bytes(), False))
@@ -272,7 +302,8 @@ class KvConsumer:
                 largest.group, 0, 0, 0))
             objs = [o async for o in res if o.status == ObjectStatus.NORMAL]
             if objs:
-                return bytes(objs[-1].payload), signed
+                props = res.ok.track_properties if res.ok is not None else ()
+                return *self._open_manifest(pub, name, objs[-1], props), signed
         if self.require_signed:
             raise SignatureError("the publication has no signed manifest (manifest.cose)")
         raise ManifestError(f"no manifest found ({last_exc})")
@@ -293,13 +324,26 @@ class KvConsumer:
             await sub.cancel()
         return sub.largest
 
-    def _check_manifest(self, pub: Publication, blob: bytes, signed: bool) -> Manifest:
+    def _open_manifest(self, pub: Publication, name: bytes, obj: ReceivedObject,
+                       track_properties: Properties) -> tuple[bytes, bool]:
+        """A manifest object's payload and whether it was protected: decrypted when this
+        consumer holds content keys (it must then decrypt), else taken only in the clear
+        (:func:`~kvcs.kv.secure.open_object`; SecureObjectError otherwise)."""
+        payload = open_object(
+            self.secure, pub.fields, name, obj.group_id, obj.object_id, obj.payload,
+            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
+            properties=obj.properties)
+        return bytes(payload), self.secure is not None
+
+    def _check_manifest(self, pub: Publication, blob: bytes, signed: bool,
+                        protected: bool) -> Manifest:
         if signed:
             if self.keyring is None:
                 raise SignatureError("signed manifest but no keyring to verify it")
             blob = verify_manifest(blob, self.keyring)
         m = Manifest.parse(blob)
         check_namespace(m, pub.namespace.compat_id)
+        check_protection(m, protected=protected)
         seg0 = m.segment(0)
         if seg0 is None:
             raise ManifestError("manifest has no segment 0")
@@ -445,20 +489,38 @@ class _Retrieval:
         self.assembler = LayerAssembler(
             consumer.descriptor, layers, n, tracks=select_tracks(seg, consumer.codec),
             first_block=seg.first_block, block_keys=consumer.keys,
-            require_signed=consumer.require_signed, stats=consumer.stats)
+            require_signed=consumer.require_signed, secure=consumer.secure,
+            namespace=pub.fields, key_wait_s=consumer.key_wait_s, stats=consumer.stats)
         self.assembler.use_manifest(manifest)
         self.ready = asyncio.Event()
         """Set when a layer may have become ready, or a feeder ended."""
         self.feeding = 0
         """Feeders (one per selected track) still running."""
 
-    def _take(self, kind: Component, obj: ReceivedObject) -> None:
-        """Give one received object to the assembler; wake the loop if a layer completed."""
+    def _take(self, kind: Component, obj: ReceivedObject, track_properties: Properties = (),
+              pub: Publication | None = None) -> None:
+        """Give one received object (of ``pub``, default this publication) to the
+        assembler; wake the loop if a layer completed. ``track_properties`` (of the
+        SUBSCRIBE_OK / FETCH_OK) give the priority an object inherits."""
         if obj.status != ObjectStatus.NORMAL:
             return
-        outcome = self.assembler.accept(kind, obj.group_id, obj.object_id, obj.payload)
+        outcome = self.assembler.accept(
+            kind, obj.group_id, obj.object_id, obj.payload,
+            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
+            properties=obj.properties,
+            namespace=None if pub is None or pub is self.pub else pub.fields)
         if outcome is Outcome.LAYER_COMPLETE:
             self.ready.set()
+
+    async def _woken(self) -> None:
+        """Wait until a layer may be ready, a feeder ended, a content key was added or a
+        held object's wait ends; then retry (or give up) the held objects."""
+        until = self.assembler.held_until
+        timeout = None if until is None else max(0.0, until - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        self.ready.clear()
+        self.assembler.release_held()
 
     # -- transfer --------------------------------------------------------------------
 
@@ -471,10 +533,14 @@ class _Retrieval:
         self.feeding = len(tasks)
         if asm.require_signed and not self.seg.complete:
             tasks.append(asyncio.create_task(self._follow_manifest(ep)))
+        self.c._retrievals.add(self)
         try:
             while self.feeding and not asm.done:
-                await self.ready.wait()
-                self.ready.clear()
+                await self._woken()
+                for layer in self.c._pop_ready(asm):
+                    yield layer
+            while asm.held_until is not None and not asm.done:  # their key, a bounded wait
+                await self._woken()
                 for layer in self.c._pop_ready(asm):
                     yield layer
             for layer in self.c._pop_ready(asm):
@@ -507,6 +573,7 @@ class _Retrieval:
                 raise RecomputeRequired(missing, asm.yielded,
                                         "objects missing or failed verification")
         finally:
+            self.c._retrievals.discard(self)
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -553,7 +620,7 @@ class _Retrieval:
                     priority=0)
                 try:
                     async for obj in sub:
-                        self._take(kind, obj)
+                        self._take(kind, obj, sub.track_properties)
                 finally:
                     if not sub.finished:
                         await sub.cancel()
@@ -579,7 +646,7 @@ class _Retrieval:
 
         async def relay_live() -> None:
             async for obj in sub:
-                self._take(kind, obj)
+                self._take(kind, obj, sub.track_properties)
 
         live = asyncio.create_task(relay_live())
         try:
@@ -617,8 +684,9 @@ class _Retrieval:
         res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
                              location_filter=LocationFilter.absolute_group_end(
                                  first, 0, last - first))
+        props = res.ok.track_properties if res.ok is not None else ()
         async for obj in res:
-            self._take(kind, obj)
+            self._take(kind, obj, props, pub)
 
     async def _recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
                        deadline: float) -> None:
@@ -663,7 +731,9 @@ class _Retrieval:
                 if obj.status != ObjectStatus.NORMAL:
                     continue
                 try:
-                    m = self.c._check_manifest(self.pub, bytes(obj.payload), True)
+                    blob, protected = self.c._open_manifest(self.pub, name, obj,
+                                                            sub.track_properties)
+                    m = self.c._check_manifest(self.pub, blob, True, protected)
                 except (KvcsError, ValueError) as exc:
                     log.warning("discarding manifest version: %s", exc)
                     continue
