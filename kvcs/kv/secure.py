@@ -66,6 +66,7 @@ __all__ = [
     "DEFAULT_SUITE",
     "ENCRYPTED_PROPERTIES_LIST",
     "ENCRYPTION_BLOCK_LIMIT",
+    "IN_BAND_MAGIC",
     "KEY_ID_PROPERTY",
     "MAX_KEY_ID",
     "MAX_OBJECT_ID",
@@ -110,6 +111,13 @@ is one varint, as the draft defines the Key ID. The cost: other Secure Objects
 implementations will not find the Key ID (none reads kvcs KV-cache tracks today). When the
 WG assigns a type that does not clash, this constant is the only thing to change.
 """
+
+IN_BAND_MAGIC = b"SOB1"
+"""First bytes of an in-band protected payload (:meth:`ProtectedObject.in_band_payload`).
+
+No plaintext kvcs sends starts with them (KVCS payloads start with "KVO1", manifests with
+"{" or a COSE_Sign1 CBOR head), so a consumer without keys can tell a protected object
+from plaintext in both carriages and say that keys are needed."""
 
 ENCRYPTED_PROPERTIES_LIST = 0x000A
 """16-bit type that starts the Encrypted Properties List inside a plaintext."""
@@ -474,22 +482,27 @@ def read_key_id(immutable_properties: Buffer) -> int:
     return ids[0]
 
 
-def carried_key_id(properties: Properties) -> int | None:
-    """The Key ID an object's properties carry (None: no Immutable Properties, so either
-    plaintext or the in-band carriage, which only a key holder can tell apart); a malformed
-    Key ID raises :class:`SecureObjectError`."""
-    if not any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
-        return None
-    return read_key_id(immutable_properties_of(properties))
+def carried_key_id(properties: Properties, payload: Buffer = b"") -> int | None:
+    """The Key ID a received object carries, in its Immutable Properties or in-band
+    (``payload`` starts with :data:`IN_BAND_MAGIC`); None for a plaintext object. A
+    malformed Key ID raises :class:`SecureObjectError`."""
+    if any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
+        return read_key_id(immutable_properties_of(properties))
+    if memoryview(payload)[:4] == IN_BAND_MAGIC:
+        return read_key_id(split_in_band(payload)[0])
+    return None
 
 
 def split_in_band(payload: Buffer) -> tuple[memoryview, int, memoryview]:
     """``(immutable properties, publisher priority, ciphertext)`` of an in-band payload
-    ``vi64(len(immutable)) || immutable || u8(priority) || ciphertext`` (views, no copy);
-    :class:`SecureObjectError` if it does not parse."""
+    ``"SOB1" || vi64(len(immutable)) || immutable || u8(priority) || ciphertext`` (views,
+    no copy); :class:`SecureObjectError` if it does not parse."""
     mv = memoryview(payload).cast("B")
+    if mv[:4] != IN_BAND_MAGIC:
+        raise SecureObjectError("no Key ID: neither Immutable Properties nor an in-band "
+                                "Secure Object")
     try:
-        size, start = decode_vi64(mv, 0)
+        size, start = decode_vi64(mv, 4)
     except NeedMore:
         raise SecureObjectError("in-band Key ID header is truncated") from None
     end = start + size
@@ -564,12 +577,12 @@ class ProtectedObject:
 
     def in_band_payload(self) -> bytes:
         """The in-band carriage, for relays that drop object properties or rewrite
-        priorities: ``vi64(len(immutable)) || immutable || u8(priority) || payload``, sent
-        without properties at any priority. The AAD is unchanged; it costs one copy of the
-        payload and 4 bytes more for a one-byte Key ID."""
+        priorities: ``"SOB1" || vi64(len(immutable)) || immutable || u8(priority) ||
+        payload``, sent without properties at any priority. The AAD is unchanged; it costs
+        one copy of the payload and 8 bytes more for a one-byte Key ID."""
         imm = self.immutable_properties
-        return b"".join((encode_vi64(len(imm)), imm, bytes((self.publisher_priority,)),
-                         self.payload))
+        return b"".join((IN_BAND_MAGIC, encode_vi64(len(imm)), imm,
+                         bytes((self.publisher_priority,)), self.payload))
 
 
 class _TrackCipher(NamedTuple):
@@ -656,7 +669,7 @@ class SecureObjects:
         out = len(encode_vi64(size)) + size + self._keys[kid].suite.tag_size
         if in_band:
             imm = len(build_immutable_properties(kid))
-            out += len(encode_vi64(imm)) + imm + 1
+            out += len(IN_BAND_MAGIC) + len(encode_vi64(imm)) + imm + 1
         return out
 
     def _track(self, key_id: int, namespace: Sequence[bytes], track_name: bytes) -> _TrackCipher:
@@ -790,7 +803,7 @@ def open_object(
         return secure.decrypt_object(namespace, track_name, group_id, object_id, payload,
                                      publisher_priority=publisher_priority,
                                      properties=properties)
-    kid = carried_key_id(properties)
+    kid = carried_key_id(properties, payload)
     if kid is not None:
         raise SecureObjectError(f"object is protected (Key ID {kid}) and no content keys "
                                 "are held")

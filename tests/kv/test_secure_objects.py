@@ -459,7 +459,7 @@ def test_in_band_carriage_round_trip_and_tampering() -> None:
     so = SecureObjects([_key(1), _key(2)], 2)
     obj = so.encrypt_object(NS, NAME, 4, 9, PAYLOAD, publisher_priority=77)
     wire = obj.in_band_payload()
-    assert wire == h("02") + h("7802") + bytes([77]) + obj.payload
+    assert wire == b"SOB1" + h("02") + h("7802") + bytes([77]) + obj.payload
     assert len(wire) == so.protected_size(len(PAYLOAD), in_band=True)
     assert len(obj.payload) == so.protected_size(len(PAYLOAD))
     assert split_in_band(wire)[1] == 77
@@ -467,11 +467,11 @@ def test_in_band_carriage_round_trip_and_tampering() -> None:
     for prio, props in ((128, ()), (0, ((0x10, 12345),))):
         assert so.decrypt_object(NS, NAME, 4, 9, wire, publisher_priority=prio,
                                  properties=props) == PAYLOAD
-    for i in (0, 1, 2, 3, 4, len(wire) - 1):  # header bytes, ciphertext, tag
+    for i in (0, 3, 4, 5, 6, 7, 8, len(wire) - 1):  # magic, header bytes, ciphertext, tag
         with pytest.raises(VerificationError):
             so.decrypt_object(NS, NAME, 4, 9, _flip(wire, i), publisher_priority=0,
                               properties=())
-    for cut in (0, 1, 3):
+    for cut in (5, 6, 7):
         with pytest.raises(SecureObjectError, match="truncated"):
             so.decrypt_object(NS, NAME, 4, 9, wire[:cut], publisher_priority=0, properties=())
 
@@ -497,6 +497,10 @@ def test_open_object_policy() -> None:
     assert open_object(None, NS, NAME, 0, 0, b"plain", publisher_priority=1,
                        properties=((0x10, 1),)) == b"plain"
     assert carried_key_id(obj.properties) == 3 and carried_key_id(()) is None
+    in_band = obj.in_band_payload()
+    assert carried_key_id((), in_band) == 3 and carried_key_id((), b"KVO1...") is None
+    with pytest.raises(SecureObjectError, match=r"protected \(Key ID 3\)"):
+        open_object(None, NS, NAME, 0, 0, in_band, publisher_priority=1, properties=())
 
 
 @pytest.mark.parametrize("suite", [CipherSuite.AES_128_GCM_SHA256_128,
