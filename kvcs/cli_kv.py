@@ -68,6 +68,31 @@ def _scope(args: argparse.Namespace) -> Any:
         raise UsageError(f"scope key: {exc}") from None
 
 
+PROTECT_HELP = ("protect end to end: every data track and the manifest are MOQT Secure "
+                "Objects under the content keys of --scope-key, a scope file made by `kvcs "
+                "keygen`; relays forward ciphertext they cannot read (docs/security.md)")
+
+
+def _content_keys(args: argparse.Namespace) -> Any:
+    """The SecureObjects of ``--scope-key`` for ``--protect`` (None without it); a missing
+    or keyless scope file is a one-line usage error."""
+    if not args.protect:
+        return None
+    from .kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        raise UsageError("--protect needs --scope-key <scope file with content keys> "
+                         "(create one with `kvcs keygen scope.json`)")
+    try:
+        scope = load_scope_file(args.scope_key)
+    except ScopeFileError as exc:
+        raise UsageError(str(exc)) from None
+    if not scope.content_keys:
+        raise UsageError(f"--protect: {args.scope_key} holds no content keys; make a scope "
+                         f"file from it: kvcs keygen scope.json --scope-key {args.scope_key}")
+    return scope.secure_objects()
+
+
 def _keyring(args: argparse.Namespace) -> Any:
     """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
     from .kv.cose import Keyring
@@ -226,6 +251,10 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="DIR",
                    help="also write one KVSP container per complete block into DIR, for "
                         "`kvcs kvsp-serve` (HTTP fallback)")
+    p.add_argument("--protect", action="store_true", help=PROTECT_HELP)
+    p.add_argument("--protect-in-band", action="store_true",
+                   help="--protect with the Key ID carried in the payload, for relays that "
+                        "drop object properties or rewrite priorities (moq-dev/moq)")
     p.set_defaults(func=run_publish)
     return p
 
@@ -240,6 +269,8 @@ def run_publish(args: argparse.Namespace) -> int:
     _setup_logging(args)
     desc, tokens = _load(args)
     scope = _scope(args)
+    args.protect = args.protect or args.protect_in_band
+    secure = _content_keys(args)
     try:
         ks, vs = load_kv(args.kv, desc)
     except FileFormatError as exc:
@@ -270,7 +301,8 @@ def run_publish(args: argparse.Namespace) -> int:
         ep = await _connect(args)
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
-                                    producer_key=key, hex_namespace=args.hex_namespace)
+                                    producer_key=key, hex_namespace=args.hex_namespace,
+                                    secure=secure, secure_in_band=args.protect_in_band)
             try:
                 pub = KvPublisher(ep, scope, desc, tokens, opts)
             except PublicationError as exc:
@@ -348,6 +380,10 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.add_argument("--require-signed", action="store_true",
                    help="refuse publications without a valid manifest.cose")
+    p.add_argument("--protect", action="store_true",
+                   help="accept only protected publications, and only objects that decrypt "
+                        "with the content keys of --scope-key (a scope file made by `kvcs "
+                        "keygen`); needed to read what `kvcs publish --protect` publishes")
     h = p.add_argument_group("KVSP HTTP fallback (needs --relay, --http or both)")
     h.add_argument("--http", action="append", metavar="URL",
                    help="https://host:port of a KVSP holder (`kvcs kvsp-serve`), repeatable: "
@@ -378,6 +414,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     keyring = _keyring(args)
     if args.require_signed and keyring is None:
         raise UsageError("--require-signed needs --keyring")
+    secure = _content_keys(args)
     if not args.relay and not args.http:
         raise UsageError("give --relay, --http or both")
     client = _http_client(args)
@@ -394,10 +431,12 @@ def run_fetch(args: argparse.Namespace) -> int:
         try:
             c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
                            keyring=keyring, require_signed=args.require_signed,
-                           hex_namespace=args.hex_namespace, http=client)
+                           hex_namespace=args.hex_namespace, http=client, secure=secure)
             pub = await c.discover()
             if pub is None and client is None:
-                print("no publication covers any prefix of these tokens", file=sys.stderr)
+                refused = f" (refused: {c.discarded[0][1]})" if c.discarded else ""
+                print(f"no publication covers any prefix of these tokens{refused}",
+                      file=sys.stderr)
                 return 1
             if pub is None:
                 if args.require_signed:
