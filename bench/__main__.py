@@ -22,7 +22,15 @@ def _section(title: str) -> None:
 def main(argv: list[str]) -> int:
     """Run the selected benchmarks (default: all) and write bench-results.json (a run of
     some suites replaces their figures and keeps the others')."""
-    from bench import bench_codec, bench_e2e, bench_kv, bench_moqt, bench_relay, bench_transport
+    from bench import (
+        bench_codec,
+        bench_e2e,
+        bench_kv,
+        bench_moqt,
+        bench_relay,
+        bench_secure,
+        bench_transport,
+    )
 
     suites: dict[str, Any] = {
         "codec": bench_codec.main,
@@ -31,6 +39,7 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "secure": bench_secure.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]
@@ -58,6 +67,9 @@ def main(argv: list[str]) -> int:
     if "kv" in suites_out:  # the q8 codec's headline figures (issue #18)
         out.update({k: suites_out["kv"][k] for k in ("q8_encode_mib_s", "q8_decode_mib_s")
                     if k in suites_out["kv"]})
+    if "secure" in suites_out:  # protection's and q8's end-to-end ratios (issues #14, #18)
+        out.update({k: suites_out["secure"][k] for k in (
+            "e2e_secure_ratio", "q8_effective_ratio")})
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
     return 0

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,8 +38,9 @@ from bench._proc import child_process, run_child, wait_message
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
+from kvcs.kv.secure import ContentKey, SecureObjects
 from kvcs.kvnet.consumer import KvConsumer
-from kvcs.kvnet.publisher import KvPublisher
+from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.transport import QuicSettings, ensure_dev_certificate
 from kvcs.transport.backend import BACKEND
 
@@ -69,6 +71,26 @@ def _layer(i: int) -> tuple[np.ndarray, np.ndarray]:
     return k, (-k.astype(np.float32)).astype(ml_dtypes.bfloat16)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What the publisher and the consumer of a run use beyond the defaults (picklable: it
+    goes to the child processes): the codec of the k/v tracks, and content keys to protect
+    the publication with (MOQT Secure Objects; none: plaintext)."""
+
+    codec: str = "raw"
+    content_keys: tuple[ContentKey, ...] = ()
+
+    def _secure(self) -> SecureObjects | None:
+        return SecureObjects(self.content_keys) if self.content_keys else None
+
+    def publisher_options(self) -> PublisherOptions:
+        return PublisherOptions(codec=self.codec, secure=self._secure())
+
+    def consumer(self, ep: Endpoint, tokens: np.ndarray) -> KvConsumer:
+        return KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), tokens, codec=self.codec,
+                          secure=self._secure())
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -78,7 +100,7 @@ def _rss() -> int:
 
 
 async def _publisher_main(conn: Connection, url: str | None, pin: str, cert: tuple[str, str],
-                          live: bool, warm: bool) -> None:
+                          live: bool, warm: bool, setup: Setup) -> None:
     """Publish the cache to the relay at ``url`` (or serve it: ``url`` None).
 
     ``live``: announce and publish the manifest, report ready, wait for "go", then put
@@ -100,11 +122,12 @@ async def _publisher_main(conn: Connection, url: str | None, pin: str, cert: tup
     layers = [_layer(i) for i in range(LAYERS)]
     if warm:
         warm_pub = KvPublisher(host or ep, ScopeKey.from_bytes(SCOPE), _desc(),
-                               _tokens(warm_up=True))
+                               _tokens(warm_up=True), setup.publisher_options())
         for i, (k, v) in enumerate(layers):
             await warm_pub.put_layer(i, k[:WARM_TOKENS], v[:WARM_TOKENS])
         await warm_pub.finish()
-    pub = KvPublisher(host or ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens())
+    pub = KvPublisher(host or ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens(),
+                      setup.publisher_options())
     await pub.start()
     if live:
         conn.send(port)
@@ -123,25 +146,25 @@ async def _publisher_main(conn: Connection, url: str | None, pin: str, cert: tup
 
 
 def _publisher_process(conn: Connection, url: str | None, pin: str,
-                       cert: tuple[str, str], live: bool, warm: bool) -> None:
-    run_child(conn, _publisher_main(conn, url, pin, cert, live, warm))
+                       cert: tuple[str, str], live: bool, warm: bool, setup: Setup) -> None:
+    run_child(conn, _publisher_main(conn, url, pin, cert, live, warm, setup))
 
 
 async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
-                         warm: bool) -> None:
+                         warm: bool, setup: Setup) -> None:
     """Discover, read the manifest, then take every layer (verified) and report times as
     perf_counter values (CLOCK_MONOTONIC: comparable with the publisher's). ``warm``: first
     retrieve the whole warm-up cache on the same session."""
     ep = await Endpoint.connect(url, pin_sha256=pin, settings=QuicSettings.loopback())
     if warm:
-        warm_c = KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens(warm_up=True))
+        warm_c = setup.consumer(ep, _tokens(warm_up=True))
         warm_pub = await warm_c.discover()
         assert warm_pub is not None, "warm-up publication not found"
         got = 0
         async for _ in warm_c.layers(warm_pub):
             got += 1
         assert got == LAYERS
-    c = KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens())
+    c = setup.consumer(ep, _tokens())
     pub = await c.discover()
     assert pub is not None, "publication not found"
     manifest = await c.manifest(pub)
@@ -172,11 +195,13 @@ async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
     if peak > peak_before:  # the lifetime peak happened during the retrieval
         sampled = max(sampled, peak)
     held_bytes = sum(x.k.nbytes + x.v.nbytes for x in held)
-    # check a few layers bit for bit
+    # check a few layers: bit for bit (raw), within q8's rounding (|x| < 5: steps < 0.04)
     for i in (0, LAYERS // 2, LAYERS - 1):
-        k, v = _layer(i)
-        assert np.array_equal(held[i].k.view(np.uint16), k.view(np.uint16))
-        assert np.array_equal(held[i].v.view(np.uint16), v.view(np.uint16))
+        for got, want in zip((held[i].k, held[i].v), _layer(i), strict=True):
+            if setup.codec == "raw":
+                assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+            else:
+                assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.05
     conn.send({**times, "bytes": c.stats.bytes, "data_bytes": held_bytes,
                "rss_growth": sampled - base, "rejected": c.stats.rejected,
                "layers": len(held), "arrivals": arrivals})
@@ -184,8 +209,9 @@ async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
     await ep.wait_closed()
 
 
-def _consumer_process(conn: Connection, url: str, pin: str, live: bool, warm: bool) -> None:
-    run_child(conn, _consumer_main(conn, url, pin, live, warm))
+def _consumer_process(conn: Connection, url: str, pin: str, live: bool, warm: bool,
+                      setup: Setup) -> None:
+    run_child(conn, _consumer_main(conn, url, pin, live, warm, setup))
 
 
 # --------------------------------------------------------------------------- parent
@@ -210,21 +236,23 @@ def _relay(tmp: str, backend: str | None = None) -> Iterator[tuple[str, str]]:
 
 
 async def _run(url: str | None, relay_pin: str, cert: Any, live: bool,
-               warm: bool = True) -> dict[str, Any]:
+               warm: bool = True, setup: Setup = Setup()) -> dict[str, Any]:
     """One retrieval; returns the consumer's report plus ``seconds``, ``ttfl`` and
     ``first_layer_ms`` / ``mean_layer_ms``.
 
     live: publisher and consumer run at the same time (the clock starts at the
     publisher's first layer); else the consumer pulls the completed cache (the clock
-    starts at its first request). warm: both sessions carry the warm-up cache first."""
+    starts at its first request). warm: both sessions carry the warm-up cache first.
+    setup: codec and protection of both sides."""
     certs = (str(cert.certfile), str(cert.keyfile))
-    async with child_process(_publisher_process, url, relay_pin, certs, live, warm) as pub:
+    async with child_process(_publisher_process, url, relay_pin, certs, live, warm,
+                             setup) as pub:
         port = await pub.recv()
         if url is None:
             target, pin = f"moqt://127.0.0.1:{port}/", cert.sha256
         else:
             target, pin = url, relay_pin
-        async with child_process(_consumer_process, target, pin, live, warm) as cons:
+        async with child_process(_consumer_process, target, pin, live, warm, setup) as cons:
             if live:
                 await cons.recv()  # ready
                 pub.send("go")
