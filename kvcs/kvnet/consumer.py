@@ -192,9 +192,11 @@ class KvConsumer:
 
     def add_content_key(self, key: ContentKey) -> None:
         """Hold one more content key (e.g. after the publisher rotated to a Key ID this
-        consumer did not have): objects waiting for it are decrypted now."""
+        consumer did not have): objects waiting for it are decrypted now. Only for a
+        consumer of protected publications (``secure=``)."""
         if self.secure is None:
-            self.secure = SecureObjects()
+            raise ValueError("add_content_key needs a consumer of protected publications "
+                             "(KvConsumer(secure=...))")
         self.secure.add_key(key)
         for run in self._retrievals:
             run.ready.set()

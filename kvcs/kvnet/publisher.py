@@ -330,8 +330,9 @@ class KvPublisher:
 
         ``tokens`` must be at least the segment's blocks x block_tokens (extra trailing
         tokens, a partial block, are ignored). Layers of a segment go in order 0..L-1.
-        Objects are published as they are encoded, and the event loop runs every few
-        objects, so the first blocks of a layer are on the wire before the last are encoded.
+        Each component's blocks are encoded in one call, then objects are published as
+        they are hashed (and encrypted), and the event loop runs every few objects, so the
+        first blocks of a layer are on the wire before the last are hashed.
         Concurrent calls are serialized. Waits for the send queue to drain below
         ``options.drain_limit`` (back-pressure).
         """
