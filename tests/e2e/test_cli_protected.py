@@ -5,6 +5,8 @@ the content keys; without them the publication is refused, and mistakes are one 
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,29 +25,40 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
     assert rc == 0, err
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(net.cert.certfile),
               "--descriptor", f["desc"], "--scope-key", scope_file, "--loopback"]
-    pub = asyncio.create_task(_run("publish", *common, "--tokens", f["tokens"], "--kv", f["kv"],
-                                   "--protect", "--linger", "8"))
-    for _ in range(100):  # wait until the publication is announced
-        rc, out, err = await _run("inspect", *common)
-        if "1 publication(s)" in out:
-            break
-        await asyncio.sleep(0.1)
-    out_path = tmp_path / "got.npz"
-    rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"], "--out", str(out_path),
-                              "--protect")
-    assert rc == 0, err
-    got = load_kv_layers(out_path)
-    data = cache(21)
-    assert sorted(got) == list(range(LAYERS))
-    for i, (k, v) in got.items():
-        assert same(k, data[i][0]) and same(v, data[i][1])
-    # the same scope file without --protect: refused, with the reason, nothing written
-    rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"],
-                              "--out", str(tmp_path / "plain.npz"))
-    assert rc == 1 and "protected" in err and "no content keys" in err
-    assert not (tmp_path / "plain.npz").exists()
-    rc, out, err = await pub
-    assert rc == 0, err
+    # the publisher serves until interrupted (SIGINT once the fetches are done)
+    publisher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvcs", "publish", *common, "--tokens", f["tokens"], "--kv",
+        f["kv"], "--protect", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=ENV)
+    try:
+        for _ in range(100):  # wait until the publication is announced
+            rc, out, err = await _run("inspect", *common)
+            if "1 publication(s)" in out:
+                break
+            await asyncio.sleep(0.1)
+        out_path = tmp_path / "got.npz"
+        rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"], "--out",
+                                  str(out_path), "--protect")
+        assert rc == 0, err
+        got = load_kv_layers(out_path)
+        data = cache(21)
+        assert sorted(got) == list(range(LAYERS))
+        for i, (k, v) in got.items():
+            assert same(k, data[i][0]) and same(v, data[i][1])
+        # the same scope file without --protect: refused, with the reason, nothing written
+        rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"],
+                                  "--out", str(tmp_path / "plain.npz"))
+        assert rc == 1 and "protected" in err and "no content keys" in err
+        assert not (tmp_path / "plain.npz").exists()
+        assert publisher.stdout is not None
+        async with asyncio.timeout(30):  # everything published: now it only serves
+            while (line := await publisher.stdout.readline()) and b"serving" not in line:
+                pass
+    finally:
+        if publisher.returncode is None:
+            publisher.send_signal(signal.SIGINT)
+    _, err_b = await asyncio.wait_for(publisher.communicate(), 30)
+    assert publisher.returncode == 130, err_b.decode()
 
 
 async def test_protect_mistakes_are_one_line(tmp_path: Path,
