@@ -23,10 +23,9 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.bench_e2e import LAYERS, RUNS, Setup, _median, _mib_s, _relay, _run
+from bench.bench_e2e import BACKEND, LAYERS, RUNS, Setup, _median, _mib_s, _relay, _run
 from kvcs.kv.secure import ContentKey
 from kvcs.transport import ensure_dev_certificate
-from kvcs.transport.backend import BACKEND
 
 SETUPS = {
     "plaintext": Setup(),
