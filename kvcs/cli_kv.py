@@ -379,7 +379,8 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, metavar="N", help="only the first N blocks")
     p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.add_argument("--require-signed", action="store_true",
-                   help="refuse publications without a valid manifest.cose")
+                   help="refuse publications without a valid manifest.cose (the default "
+                        "with --keyring)")
     p.add_argument("--protect", action="store_true",
                    help="accept only protected publications, and only objects that decrypt "
                         "with the content keys of --scope-key (a scope file made by `kvcs "
@@ -430,7 +431,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                 print(f"{exc}; retrieving over KVSP HTTP", file=sys.stderr, flush=True)
         try:
             c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
-                           keyring=keyring, require_signed=args.require_signed,
+                           keyring=keyring, require_signed=keyring is not None,
                            hex_namespace=args.hex_namespace, http=client, secure=secure)
             pub = await c.discover()
             if pub is None and client is None:
@@ -439,9 +440,9 @@ def run_fetch(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 1
             if pub is None:
-                if args.require_signed:
+                if c.require_signed:
                     print("no MOQT publication found, and HTTP-only retrieval cannot satisfy "
-                          "--require-signed (no signed manifest)", file=sys.stderr)
+                          "--keyring / --require-signed (no signed manifest)", file=sys.stderr)
                     return 1
                 print(f"no MOQT publication found; retrieving {len(c.keys)} blocks over KVSP "
                       f"HTTP from {', '.join(client.urls)}", flush=True)

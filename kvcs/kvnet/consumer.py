@@ -143,7 +143,7 @@ class KvConsumer:
         tokens: Sequence[int] | np.ndarray,
         *,
         keyring: Keyring | None = None,
-        require_signed: bool = False,
+        require_signed: bool | None = None,
         codec: str = "raw",
         hex_namespace: bool = False,
         recompute_budget_s: float = 10.0,
@@ -164,8 +164,11 @@ class KvConsumer:
                            else CompatDescriptor.from_dict(descriptor))
         self.scope = scope
         self.keyring = keyring
-        self.require_signed = require_signed
-        if require_signed and keyring is None:
+        self.require_signed = keyring is not None if require_signed is None else require_signed
+        """Producer authenticity: only manifest.cose verified with ``keyring``, and every
+        object checked against its signed digest. Default: required when a keyring is
+        given (a consumer with producer keys never falls back to unsigned manifests)."""
+        if self.require_signed and keyring is None:
             raise ValueError("require_signed needs a keyring of producer keys")
         self.codec = codec
         codec_value(codec)

@@ -224,3 +224,18 @@ async def test_member_cannot_forge_a_signed_manifest(net: LocalNet) -> None:
                         require_signed=True, secure=SCOPE_FILE.secure_objects())
     found = await direct.discover()
     assert found is not None and not direct.manifests[found.fields].deterministic
+
+
+async def test_a_keyring_requires_the_signed_manifest_by_default(net: LocalNet) -> None:
+    """A consumer given producer keys never falls back to an unsigned manifest: a member's
+    publication (protected, decrypts, but unsigned) is refused."""
+    producer = ProducerKey.generate("producer")
+    keyring = Keyring()
+    keyring.add_producer(producer)
+    relay = await net.relay()
+    await _publish(net, relay, 44)  # protected, no producer key
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
+                          secure=SCOPE_FILE.secure_objects())
+    assert consumer.require_signed
+    assert await consumer.discover() is None
+    assert "no signed manifest" in consumer.discarded[0][1]
