@@ -13,12 +13,15 @@ through all of them alike:
   assembles (decoded K/V, bfloat16) over the reference's (target >= 1.6); q8 sends about
   0.51 of the raw bytes.
 
-Medians of ``RUNS`` runs each, ranges printed.
+Medians of ``RUNS`` runs each, ranges printed. Beside the goodputs, the CPU seconds all
+three processes spent per run (start-up and warm-up included, the same for every setup):
+on a machine shared with other work the goodput ratios are noisy, the CPU cost is not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 import sys
 import tempfile
 from typing import Any
@@ -34,16 +37,25 @@ SETUPS = {
 }
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of the terminated child processes (publisher, consumer, relay)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> dict[str, Any]:
     """Run the three setups ``RUNS`` times each; print and return the figures."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SETUPS}
+    cpu: dict[str, list[float]] = {name: [] for name in SETUPS}
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
         for _ in range(RUNS):
             for name, setup in SETUPS.items():
+                before = _children_cpu_s()
                 with _relay(tmp) as (url, pin):
                     runs[name].append(asyncio.run(_run(url, pin, cert, live=True,
                                                        setup=setup)))
+                cpu[name].append(_children_cpu_s() - before)
     mib = {name: _median([_mib_s(r) for r in rs]) for name, rs in runs.items()}
     ranges = {name: [round(min(map(_mib_s, rs)), 1), round(max(map(_mib_s, rs)), 1)]
               for name, rs in runs.items()}
@@ -55,6 +67,7 @@ def main() -> dict[str, Any]:
         "e2e_secure_ratio": round(mib["protected"] / mib["plaintext"], 3),
         "q8_effective_ratio": round(mib["q8"] / mib["plaintext"], 3),
         "q8_wire_fraction": round(runs["q8"][0]["bytes"] / runs["plaintext"][0]["bytes"], 3),
+        "cpu_s_per_run": {name: round(_median(xs), 2) for name, xs in cpu.items()},
         "rejected_objects": sum(r["rejected"] for rs in runs.values() for r in rs),
         "ranges_mib_s": ranges,
         "runs": RUNS,
@@ -74,6 +87,9 @@ def main() -> dict[str, Any]:
     print(f"  q8 tracks, tensor bytes assembled        {mib['q8']:7.1f} MiB/s {rng('q8')} "
           f"ratio {res['q8_effective_ratio']:.2f} (target >= 1.6; "
           f"{res['q8_wire_fraction']:.2f} of the raw bytes on the wire)")
+    per_run = res["cpu_s_per_run"]
+    print(f"  CPU seconds per run, 3 processes: plaintext {per_run['plaintext']:.2f}, "
+          f"protected {per_run['protected']:.2f}, q8 {per_run['q8']:.2f}")
     return res
 
 
