@@ -39,9 +39,10 @@ Edit = Callable[[ObjectRecord], None]
 class EditingRelay(Relay):
     """A relay that rewrites chosen objects it receives from upstream before caching and
     forwarding them: ``edits`` maps (track name, group or None for any, object) to a
-    function that changes the record in place."""
+    function that changes the record in place; ``only``: edit only this namespace's."""
 
     edits: dict[tuple[bytes, int | None, int], Edit] = {}
+    only: tuple[bytes, ...] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,6 +58,8 @@ class _EditingLinks(Links):
         r = e.record
         edit = (self.evil.edits.get((link.track.name, r.group_id, r.object_id))
                 or self.evil.edits.get((link.track.name, None, r.object_id)))
+        if self.evil.only is not None and tuple(link.track.namespace) != self.evil.only:
+            edit = None
         if edit is not None and r.payload.nbytes:
             edit(r)
         super().on_object(link, e)
@@ -189,6 +192,30 @@ async def test_tampered_objects_without_another_source_are_reported(net: LocalNe
     _check(got, data)
     assert info.value.missing == {3: [5, 9], 4: [0]}
     assert info.value.yielded == 3
+
+
+async def test_recovered_from_a_deterministic_alternate_publication(net: LocalNet) -> None:
+    """A block tampered with in one protected publication comes from another, deterministic
+    publication of the same prefix: it decrypts under that publication's own track keys."""
+    relay = await net.relay()
+    evil = await net.relay(EditingRelay, upstream=relay)
+    opts = [PublisherOptions(secure=SCOPE_FILE.secure_objects(), deterministic=True)
+            for _ in range(2)]
+    pub_a, data = await _publish(net, relay, 45, opts[0])
+    await _publish(net, relay, 45, opts[1])  # the same cache, another namespace
+    evil.edits = {(K_TRACK, 2, 3): _flip(0), (V_TRACK, 4, 1): _flip(-1)}  # type: ignore[attr-defined]
+    evil.only = pub_a.fields  # type: ignore[attr-defined]
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT,
+                          secure=SCOPE_FILE.secure_objects(), recompute_budget_s=5)
+    pubs = await consumer.discover_all()
+    target = next(p for p in pubs if p.fields == pub_a.fields)
+    others = [p for p in pubs if p is not target]
+    got = [x async for x in consumer.layers(target, alternates=others)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    # rejected by the first retrieval and by the retry of the same publication, then taken
+    # from the alternate
+    assert consumer.stats.rejected == 4 and consumer.stats.retries == 2
 
 
 async def test_member_cannot_forge_a_signed_manifest(net: LocalNet) -> None:
