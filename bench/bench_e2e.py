@@ -75,16 +75,19 @@ def _layer(i: int) -> tuple[np.ndarray, np.ndarray]:
 class Setup:
     """What the publisher and the consumer of a run use beyond the defaults (picklable: it
     goes to the child processes): the codec of the k/v tracks, and content keys to protect
-    the publication with (MOQT Secure Objects; none: plaintext)."""
+    the publication with (MOQT Secure Objects; none: plaintext), in object properties or
+    ``in_band``."""
 
     codec: str = "raw"
     content_keys: tuple[ContentKey, ...] = ()
+    in_band: bool = False
 
     def _secure(self) -> SecureObjects | None:
         return SecureObjects(self.content_keys) if self.content_keys else None
 
     def publisher_options(self) -> PublisherOptions:
-        return PublisherOptions(codec=self.codec, secure=self._secure())
+        return PublisherOptions(codec=self.codec, secure=self._secure(),
+                                secure_in_band=self.in_band)
 
     def consumer(self, ep: Endpoint, tokens: np.ndarray) -> KvConsumer:
         return KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), tokens, codec=self.codec,
