@@ -21,8 +21,9 @@ Layers, bottom up (each usable and tested on its own):
 Two carriages of the Key ID: the draft's (an Immutable Properties object property, the
 Publisher Priority authenticated as received) and, for relays that drop object properties
 or rewrite priorities (moq-dev/moq does both), the same bytes in front of the ciphertext
-(:meth:`ProtectedObject.in_band_payload`). Both authenticate the same AAD; a receiver tells
-them apart by the presence of Immutable Properties.
+(:meth:`ProtectedObject.in_band_payload`, after the magic :data:`IN_BAND_MAGIC`). Both
+authenticate the same AAD; a receiver tells them apart by the presence of Immutable
+Properties, and either from plaintext by its Key ID (:func:`carried_key_id`).
 
 Integers on the wire (lengths, the Key ID value, the Serialized Full Track Name) use the
 MOQT variable-length integer of the MOQT version in use (draft-22: vi64), as the draft's
