@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
                     if k in suites_out["kv"]})
     if "secure" in suites_out:  # protection's and q8's end-to-end ratios (issues #14, #18)
         out.update({k: suites_out["secure"][k] for k in (
-            "e2e_secure_ratio", "q8_effective_ratio")})
+            "e2e_secure_ratio", "q8_effective_ratio", "kv_q8_effective_ratio")})
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
     return 0

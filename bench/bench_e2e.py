@@ -74,11 +74,15 @@ def _layer(i: int) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class Setup:
     """What the publisher and the consumer of a run use beyond the defaults (picklable: it
-    goes to the child processes): the codec of the k/v tracks, and content keys to protect
+    goes to the child processes): the codec of the k/v tracks, a joint ``kv`` track
+    (``joint_codec``), the codec the consumer asks for (``take``: default ``codec``; it
+    takes the joint track when there are no k/v tracks of it), and content keys to protect
     the publication with (MOQT Secure Objects; none: plaintext), in object properties or
     ``in_band``."""
 
     codec: str = "raw"
+    joint_codec: str | None = None
+    take: str | None = None
     content_keys: tuple[ContentKey, ...] = ()
     in_band: bool = False
 
@@ -86,12 +90,12 @@ class Setup:
         return SecureObjects(self.content_keys) if self.content_keys else None
 
     def publisher_options(self) -> PublisherOptions:
-        return PublisherOptions(codec=self.codec, secure=self._secure(),
-                                secure_in_band=self.in_band)
+        return PublisherOptions(codec=self.codec, joint_codec=self.joint_codec,
+                                secure=self._secure(), secure_in_band=self.in_band)
 
     def consumer(self, ep: Endpoint, tokens: np.ndarray) -> KvConsumer:
-        return KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), tokens, codec=self.codec,
-                          secure=self._secure())
+        return KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), tokens,
+                          codec=self.take or self.codec, secure=self._secure())
 
 
 def _rss() -> int:
@@ -201,7 +205,7 @@ async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
     # check a few layers: bit for bit (raw), within q8's rounding (|x| < 5: steps < 0.04)
     for i in (0, LAYERS // 2, LAYERS - 1):
         for got, want in zip((held[i].k, held[i].v), _layer(i), strict=True):
-            if setup.codec == "raw":
+            if (setup.take or setup.codec) == "raw":
                 assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
             else:
                 assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.05
