@@ -57,7 +57,7 @@ def _children_cpu_s() -> float:
 
 
 def main() -> dict[str, Any]:
-    """Run the three setups ``RUNS`` times each; print and return the figures."""
+    """Run every setup ``RUNS`` times, interleaved; print and return the figures."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SETUPS}
     cpu: dict[str, list[float]] = {name: [] for name in SETUPS}
     with tempfile.TemporaryDirectory() as tmp:
