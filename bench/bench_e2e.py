@@ -1,19 +1,32 @@
-"""End-to-end KVCS benchmark: publisher -> relay -> consumer, every object verified.
+"""End-to-end KVCS benchmark: publisher -> (relay ->) consumer, every object verified.
 
-Three processes on loopback (relay: ``kvcs relay``; publisher and consumer: spawned
-children), the same QuicSettings everywhere (``QuicSettings.loopback()``). Measured in one
-run, as ratios to the raw aioquic single-hop stream throughput with the same settings:
+Each party has its own process on loopback: the relay (:mod:`bench._relays`), the
+publisher and the consumer (spawned children). Every kvcs party uses the same
+:func:`bench._quic.quic_settings`, and every ratio divides by the raw single-stream
+throughput of the same QUIC library with the same settings, measured in the same run
+(raw aioquic is printed for reference only). Figures:
 
-* e2e goodput: verified K/V bytes per second at the consumer through the relay,
-* direct goodput: the same without a relay (the publisher serves the consumer itself),
-* time to first verified layer as a fraction of the whole transfer (target <= 1.5/L),
-* consumer peak memory (RSS growth) as a ratio to the bytes of the layers it holds.
+* direct: a live publication, the publisher serving the consumer itself;
+* e2e: the same through the kvcs relay; completed pull: a finished cache pulled from it;
+* time to first verified layer as a fraction of the whole transfer (live runs);
+* consumer peak memory (RSS growth) as a ratio to the bytes of the layers it holds;
+* one process (issue #19): publisher and consumer in ONE process (one event loop), the
+  relay in another, as a ratio to the three-process e2e run;
+* ethernet: Ethernet-sized (1452-byte) datagrams everywhere: raw QUIC, and the live cache
+  through the kvcs relay;
+* versus moq-dev: the live cache through the kvcs relay and through moq-dev/moq's relay
+  (moq-ffi) carrying the same traffic: the interop options of docs/interop.md (hex
+  namespace, the consumer's "moq-dev" relay profile, group caps, no End of Track), the
+  datagram size moq-dev's relay sends (:data:`bench._relays.MOQDEV_DATAGRAM`) and fresh
+  sessions (retrieving the completed warm-up cache through moq-dev's relay stalls); each
+  relay's CPU milliseconds per MiB of K/V while it forwards the cache, and MiB/s.
 
-The headline runs use warm sessions: before the measured cache, the publisher's session
-publishes and the consumer's session retrieves a smaller cache (other tokens), as the
-long-lived session of a prefill or decode worker to its local relay has. One more run on
-fresh sessions and a fresh relay reports the cold figures (QUIC slow start on both hops
-and the relay's first-use costs are in them).
+Headline runs are medians of :data:`RUNS` (ranges kept), each on a fresh relay, on warm
+sessions: before the measured cache, the publisher's session publishes and the
+consumer's session retrieves a smaller cache (other tokens), as the long-lived session of
+a prefill or decode worker to its local relay has. One run on fresh sessions and a fresh
+relay reports the cold figures (QUIC slow start on both hops, the relay's first use).
+The median runs, direct and through the relay, are drawn to ``bench-timeline.png``.
 """
 
 from __future__ import annotations
@@ -22,27 +35,28 @@ import asyncio
 import contextlib
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from bench._proc import child_process, run_child, wait_message
+from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
+from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY, quic_settings
+from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
 from kvcs.kv.secure import ContentKey, SecureObjects
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
-from kvcs.transport import QuicSettings, ensure_dev_certificate
-from kvcs.transport.backend import BACKEND
+from kvcs.transport import DevCertificate, ensure_dev_certificate
 
 MiB = 1 << 20
 LAYERS = 32
@@ -50,6 +64,7 @@ TOKENS = 1024
 SCOPE = bytes(range(32))
 WARM_TOKENS = 256  # the warm-up cache: 1/4 of the measured one, other tokens
 RUNS = 3  # runs per headline figure: the median is reported and the range printed
+TIMELINE_PNG = Path(__file__).resolve().parent.parent / "bench-timeline.png"
 
 
 def _desc() -> CompatDescriptor:
@@ -71,107 +86,115 @@ def _layer(i: int) -> tuple[np.ndarray, np.ndarray]:
     return k, (-k.astype(np.float32)).astype(ml_dtypes.bfloat16)
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What the publisher and the consumer of a run use beyond the defaults (picklable: it
-    goes to the child processes): the codec of the k/v tracks, a joint ``kv`` track
-    (``joint_codec``), the codec the consumer asks for (``take``: default ``codec``; it
-    takes the joint track when there are no k/v tracks of it), and content keys to protect
-    the publication with (MOQT Secure Objects; none: plaintext), in object properties or
-    ``in_band``."""
-
-    codec: str = "raw"
-    joint_codec: str | None = None
-    take: str | None = None
-    content_keys: tuple[ContentKey, ...] = ()
-    in_band: bool = False
-
-    def _secure(self) -> SecureObjects | None:
-        return SecureObjects(self.content_keys) if self.content_keys else None
-
-    def publisher_options(self) -> PublisherOptions:
-        return PublisherOptions(codec=self.codec, joint_codec=self.joint_codec,
-                                secure=self._secure(), secure_in_band=self.in_band)
-
-    def consumer(self, ep: Endpoint, tokens: np.ndarray) -> KvConsumer:
-        return KvConsumer(ep, ScopeKey.from_bytes(SCOPE), _desc(), tokens,
-                          codec=self.take or self.codec, secure=self._secure())
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-# --------------------------------------------------------------------------- children
+@dataclass(frozen=True)
+class Transfer:
+    """What one measured retrieval of the cache does (picklable: children get it)."""
+
+    live: bool = True
+    """The consumer subscribes before the first layer is put; else it pulls the cache
+    once the publisher has finished it."""
+    warm: bool = True
+    """Both sessions first carry the warm-up cache."""
+    interop: bool = False
+    """moq-dev/moq-compatible traffic (docs/interop.md), for either relay."""
+    datagram_size: int | None = None
+    """Datagram size of every kvcs party; None: the loopback preset."""
+    codec: str = "raw"
+    """Codec of the published k/v tracks."""
+    joint_codec: str | None = None
+    """Codec of a joint ``kv`` track published beside them (None: none)."""
+    take: str | None = None
+    """The codec the consumer asks for (None: ``codec``); it takes the joint track when
+    there are no k/v tracks of it."""
+    content_keys: tuple[ContentKey, ...] = ()
+    """Content keys that protect the publication (MOQT Secure Objects); none: plaintext."""
+    in_band: bool = False
+    """Protected objects carry the Key ID in the payload instead of object properties."""
+
+    @property
+    def taken_codec(self) -> str:
+        """The codec of the tracks the consumer assembles."""
+        return self.take or self.codec
+
+    def _secure(self) -> SecureObjects | None:
+        return SecureObjects(self.content_keys) if self.content_keys else None
+
+    def publisher_options(self) -> PublisherOptions:
+        options = PublisherOptions(codec=self.codec, joint_codec=self.joint_codec,
+                                   secure=self._secure(), secure_in_band=self.in_band)
+        if not self.interop:
+            return options
+        return replace(options, hex_namespace=True, max_group_bytes=32 << 20,
+                       max_group_objects=8192, data_end_of_track=False)
+
+    def consumer(self, ep: Endpoint, warm_up: bool = False) -> KvConsumer:
+        args = (ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens(warm_up))
+        kw: dict[str, Any] = {"codec": self.taken_codec, "secure": self._secure()}
+        if self.interop:
+            kw.update(hex_namespace=True, relay_profile="moq-dev", discovery_timeout=0.5)
+        return KvConsumer(*args, **kw)
 
 
-async def _publisher_main(conn: Connection, url: str | None, pin: str, cert: tuple[str, str],
-                          live: bool, warm: bool, setup: Setup) -> None:
-    """Publish the cache to the relay at ``url`` (or serve it: ``url`` None).
-
-    ``live``: announce and publish the manifest, report ready, wait for "go", then put
-    the 32 layers as fast as the session takes them (layers are made beforehand, so the
-    figure is the transfer, not the synthetic data). Otherwise publish everything first.
-    ``warm``: first publish the warm-up cache (completed) on the same session.
-    """
-    settings = QuicSettings.loopback()
-    host: TrackHost | None = None
-    ep: Endpoint | None = None
-    if url is None:  # direct: serve consumers ourselves
-        host = TrackHost()
-        server = await host.listen("127.0.0.1", 0, certfile=cert[0], keyfile=cert[1],
-                                   settings=settings)
-        port = server.port
-    else:
-        ep = await Endpoint.connect(url, pin_sha256=pin, settings=settings)
-        port = 0
-    layers = [_layer(i) for i in range(LAYERS)]
-    if warm:
-        warm_pub = KvPublisher(host or ep, ScopeKey.from_bytes(SCOPE), _desc(),
-                               _tokens(warm_up=True), setup.publisher_options())
-        for i, (k, v) in enumerate(layers):
-            await warm_pub.put_layer(i, k[:WARM_TOKENS], v[:WARM_TOKENS])
-        await warm_pub.finish()
-    pub = KvPublisher(host or ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens(),
-                      setup.publisher_options())
-    await pub.start()
-    if live:
-        conn.send(port)
-        await wait_message(conn)  # go: the consumer is subscribed
-    t_go = time.perf_counter()
-    for i, (k, v) in enumerate(layers):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
-    conn.send(port if not live else t_go)
-    await wait_message(conn)
-    if host is not None:
-        await host.aclose()
-    if ep is not None:
-        ep.close()
-        await ep.wait_closed()
+# --------------------------------------------------------------------------- parties
 
 
-def _publisher_process(conn: Connection, url: str | None, pin: str,
-                       cert: tuple[str, str], live: bool, warm: bool, setup: Setup) -> None:
-    run_child(conn, _publisher_main(conn, url, pin, cert, live, warm, setup))
+class _CachePublisher:
+    """The publishing side. :meth:`prepare` makes the layers (beforehand, so that the
+    figure is the transfer, not the synthetic data), publishes the warm-up cache and the
+    measured cache's manifest; :meth:`publish` puts the layers as fast as the session
+    takes them."""
+
+    def __init__(self, target: Endpoint | TrackHost, spec: Transfer) -> None:
+        self.target = target
+        self.spec = spec
+        self.layers: list[tuple[np.ndarray, np.ndarray]] = []
+        self.pub: KvPublisher | None = None
+
+    async def prepare(self) -> None:
+        self.layers = [_layer(i) for i in range(LAYERS)]
+        options = self.spec.publisher_options()
+        scope = ScopeKey.from_bytes(SCOPE)
+        if self.spec.warm:
+            warm = KvPublisher(self.target, scope, _desc(), _tokens(warm_up=True), options)
+            for i, (k, v) in enumerate(self.layers):
+                await warm.put_layer(i, k[:WARM_TOKENS], v[:WARM_TOKENS])
+            await warm.finish()
+        self.pub = KvPublisher(self.target, scope, _desc(), _tokens(), options)
+        await self.pub.start()
+
+    async def publish(self) -> dict[str, Any]:
+        """Put every layer and finish; the start time and each layer's (start, end)."""
+        assert self.pub is not None
+        go = time.perf_counter()
+        spans = []
+        for i, (k, v) in enumerate(self.layers):
+            start = time.perf_counter()
+            await self.pub.put_layer(i, k, v)
+            spans.append((start, time.perf_counter()))
+        await self.pub.finish()
+        return {"go": go, "layers": spans}
 
 
-async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
-                         warm: bool, setup: Setup) -> None:
-    """Discover, read the manifest, then take every layer (verified) and report times as
-    perf_counter values (CLOCK_MONOTONIC: comparable with the publisher's). ``warm``: first
-    retrieve the whole warm-up cache on the same session."""
-    ep = await Endpoint.connect(url, pin_sha256=pin, settings=QuicSettings.loopback())
-    if warm:
-        warm_c = setup.consumer(ep, _tokens(warm_up=True))
-        warm_pub = await warm_c.discover()
+async def _consume(ep: Endpoint, spec: Transfer,
+                   subscribed: Callable[[], None]) -> dict[str, Any]:
+    """Retrieve the warm-up cache (``spec.warm``), then discover the measured cache, read its
+    manifest, take every layer (verified) and report the times as perf_counter values
+    (CLOCK_MONOTONIC: comparable with the publisher's). ``subscribed`` is called once the
+    consumer is subscribed (live) or about to request the cache (completed)."""
+    if spec.warm:
+        warm = spec.consumer(ep, warm_up=True)
+        warm_pub = await warm.discover()
         assert warm_pub is not None, "warm-up publication not found"
         got = 0
-        async for _ in warm_c.layers(warm_pub):
+        async for _ in warm.layers(warm_pub):
             got += 1
         assert got == LAYERS
-    c = setup.consumer(ep, _tokens())
+    c = spec.consumer(ep)
     pub = await c.discover()
     assert pub is not None, "publication not found"
     manifest = await c.manifest(pub)
@@ -194,9 +217,9 @@ async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
 
     times["start"] = time.perf_counter()
     task = asyncio.create_task(take())
-    if live:
+    if spec.live:
         await asyncio.sleep(0.3)  # subscribed (SUBSCRIBE_OK) long before this
-        conn.send("ready")
+    subscribed()
     await task
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if peak > peak_before:  # the lifetime peak happened during the retrieval
@@ -205,177 +228,336 @@ async def _consumer_main(conn: Connection, url: str, pin: str, live: bool,
     # check a few layers: bit for bit (raw), within q8's rounding (|x| < 5: steps < 0.04)
     for i in (0, LAYERS // 2, LAYERS - 1):
         for got, want in zip((held[i].k, held[i].v), _layer(i), strict=True):
-            if (setup.take or setup.codec) == "raw":
+            if spec.taken_codec == "raw":
                 assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
             else:
                 assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.05
-    conn.send({**times, "bytes": c.stats.bytes, "data_bytes": held_bytes,
-               "rss_growth": sampled - base, "rejected": c.stats.rejected,
-               "layers": len(held), "arrivals": arrivals})
-    ep.close()
-    await ep.wait_closed()
+    return {**times, "bytes": c.stats.bytes, "data_bytes": held_bytes,
+            "rss_growth": sampled - base, "rejected": c.stats.rejected,
+            "layers": len(held), "arrivals": arrivals}
 
 
-def _consumer_process(conn: Connection, url: str, pin: str, live: bool, warm: bool,
-                      setup: Setup) -> None:
-    run_child(conn, _consumer_main(conn, url, pin, live, warm, setup))
+async def _close(*endpoints: Endpoint) -> None:
+    for ep in endpoints:
+        ep.close()
+    for ep in endpoints:
+        await ep.wait_closed()
+
+
+# --------------------------------------------------------------------------- children
+
+
+async def _publisher_main(conn: Connection, url: str | None, pin: str, cert: tuple[str, str],
+                          spec: Transfer) -> None:
+    """Publish to the relay at ``url``, or serve consumers directly (``url`` None): send
+    the port when ready (live: then wait for "go"), then the publish report."""
+    settings = quic_settings(spec.datagram_size)
+    host: TrackHost | None = None
+    ep: Endpoint | None = None
+    port = 0
+    if url is None:
+        host = TrackHost()
+        server = await host.listen("127.0.0.1", 0, certfile=cert[0], keyfile=cert[1],
+                                   settings=settings)
+        port = server.port
+    else:
+        ep = await Endpoint.connect(url, pin_sha256=pin, settings=settings)
+    publisher = _CachePublisher(host or ep, spec)  # type: ignore[arg-type]
+    await publisher.prepare()
+    report = None if spec.live else await publisher.publish()
+    conn.send(port)
+    if report is None:
+        await wait_message(conn)  # go: the consumer is subscribed
+        report = await publisher.publish()
+    conn.send(report)
+    await wait_message(conn)  # done
+    if host is not None:
+        await host.aclose()
+    if ep is not None:
+        await _close(ep)
+
+
+def _publisher_process(conn: Connection, url: str | None, pin: str, cert: tuple[str, str],
+                       spec: Transfer) -> None:
+    run_child(conn, _publisher_main(conn, url, pin, cert, spec))
+
+
+async def _consumer_main(conn: Connection, url: str, pin: str, spec: Transfer) -> None:
+    ep = await Endpoint.connect(url, pin_sha256=pin,
+                                settings=quic_settings(spec.datagram_size))
+    report = await _consume(ep, spec, lambda: conn.send("subscribed"))
+    conn.send(report)
+    await _close(ep)
+
+
+def _consumer_process(conn: Connection, url: str, pin: str, spec: Transfer) -> None:
+    run_child(conn, _consumer_main(conn, url, pin, spec))
+
+
+async def _one_process_main(conn: Connection, url: str, pin: str, spec: Transfer) -> None:
+    """Publisher and consumer on two sessions of ONE event loop, both to the relay."""
+    settings = quic_settings(spec.datagram_size)
+    pub_ep = await Endpoint.connect(url, pin_sha256=pin, settings=settings)
+    con_ep = await Endpoint.connect(url, pin_sha256=pin, settings=settings)
+    publisher = _CachePublisher(pub_ep, spec)
+    await publisher.prepare()
+    subscribed = asyncio.Event()
+    consumer = asyncio.create_task(_consume(con_ep, spec, subscribed.set))
+    await subscribed.wait()
+    conn.send("subscribed")
+    await wait_message(conn)  # go
+    report = await publisher.publish()
+    conn.send((report, await consumer))
+    await _close(pub_ep, con_ep)
+
+
+def _one_process_process(conn: Connection, url: str, pin: str, spec: Transfer) -> None:
+    run_child(conn, _one_process_main(conn, url, pin, spec))
 
 
 # --------------------------------------------------------------------------- parent
 
 
-@contextlib.contextmanager
-def _relay(tmp: str, backend: str | None = None) -> Iterator[tuple[str, str]]:
-    """A fresh ``kvcs relay`` process; yields its URL and certificate pin."""
-    extra = ["--quic-backend", backend] if backend else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
-         "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp, *extra],
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline().split()[4].rpartition(":")[2])
-        pin = proc.stdout.readline().strip().rsplit(" ", 1)[1]
-        yield f"moqt://127.0.0.1:{port}/", pin
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+def _result(consumer: dict[str, Any], publisher: dict[str, Any], spec: Transfer,
+            relay_cpu: float | None) -> dict[str, Any]:
+    """The consumer's report plus ``seconds``, ``ttfl``, ``mib_s``, the relay's CPU ms per
+    MiB and the ``timeline`` (ms since the clock started). The clock starts at the
+    publisher's first layer (live) or at the consumer's first request (completed)."""
+    t0 = publisher["go"] if spec.live else consumer["start"]
+    r = dict(consumer)
+    r["seconds"] = r["end"] - t0
+    r["ttfl"] = r["first"] - t0
+    r["ttfl_fraction"] = r["ttfl"] / r["seconds"]
+    r["mib_s"] = r["data_bytes"] / MiB / r["seconds"]
+    r["first_layer_ms"] = r["ttfl"] * 1000
+    r["mean_layer_ms"] = r["seconds"] * 1000 / len(r["arrivals"])
+    if relay_cpu is not None:
+        r["relay_cpu_ms_per_mib"] = relay_cpu * 1000 / (r["data_bytes"] / MiB)
+    r["timeline"] = {
+        "published_ms": [[(s - t0) * 1000, (e - t0) * 1000] for s, e in publisher["layers"]],
+        "verified_ms": [(a - t0) * 1000 for a in r.pop("arrivals")],
+        "mib_s": r["mib_s"]}
+    return r
 
 
-async def _run(url: str | None, relay_pin: str, cert: Any, live: bool,
-               warm: bool = True, setup: Setup = Setup()) -> dict[str, Any]:
-    """One retrieval; returns the consumer's report plus ``seconds``, ``ttfl`` and
-    ``first_layer_ms`` / ``mean_layer_ms``.
-
-    live: publisher and consumer run at the same time (the clock starts at the
-    publisher's first layer); else the consumer pulls the completed cache (the clock
-    starts at its first request). warm: both sessions carry the warm-up cache first.
-    setup: codec and protection of both sides."""
+async def _run(relay: RelayProcess | None, cert: DevCertificate, spec: Transfer,
+               timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+    """One retrieval through ``relay`` (None: direct), each wait bounded by ``timeout``
+    seconds; see :func:`_result`."""
     certs = (str(cert.certfile), str(cert.keyfile))
-    async with child_process(_publisher_process, url, relay_pin, certs, live, warm,
-                             setup) as pub:
-        port = await pub.recv()
-        if url is None:
-            target, pin = f"moqt://127.0.0.1:{port}/", cert.sha256
-        else:
-            target, pin = url, relay_pin
-        async with child_process(_consumer_process, target, pin, live, warm, setup) as cons:
-            if live:
-                await cons.recv()  # ready
+    url, pin = (relay.url, relay.pin) if relay is not None else (None, "")
+    async with child_process(_publisher_process, url, pin, certs, spec) as pub:
+        port = await pub.recv(timeout)
+        target, target_pin = (url, pin) if url is not None else (
+            f"moqt://127.0.0.1:{port}/", cert.sha256)
+        async with child_process(_consumer_process, target, target_pin, spec) as cons:
+            await cons.recv(timeout)  # subscribed
+            cpu = relay.cpu_seconds() if relay is not None else 0.0
+            if spec.live:
                 pub.send("go")
-                t0 = await pub.recv()
-            result: dict[str, Any] = await cons.recv()
-            if not live:
-                t0 = result["start"]
+            published = await pub.recv(timeout)
+            consumed = await cons.recv(timeout)
+            relay_cpu = relay.cpu_seconds() - cpu if relay is not None else None
         pub.send("done")
-    result["seconds"] = result["end"] - t0
-    result["ttfl"] = result["first"] - t0
-    result["first_layer_ms"] = result["ttfl"] * 1000
-    result["mean_layer_ms"] = result["seconds"] * 1000 / len(result["arrivals"])
-    return result
+    return _result(consumed, published, spec, relay_cpu)
 
 
-def _mib_s(r: dict[str, Any]) -> float:
-    return float(r["data_bytes"] / MiB / r["seconds"])
-
-
-def _ttfl(r: dict[str, Any]) -> float:
-    return float(r["ttfl"] / r["seconds"])
+async def _run_one_process(relay: RelayProcess, spec: Transfer) -> dict[str, Any]:
+    """One live retrieval with publisher and consumer in one child process."""
+    async with child_process(_one_process_process, relay.url, relay.pin, spec) as child:
+        await child.recv()  # subscribed
+        cpu = relay.cpu_seconds()
+        child.send("go")
+        published, consumed = await child.recv()
+        relay_cpu = relay.cpu_seconds() - cpu
+    return _result(consumed, published, spec, relay_cpu)
 
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def main(relay_backend: str | None = None) -> dict[str, Any]:
-    """Run the end-to-end benchmark; print a table and return the figures.
+def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r[key])[len(runs) // 2]
 
-    ``relay_backend`` runs the relay on another QUIC library than the endpoints."""
+
+def _figures(stem: str, suffix: str, values: list[float], digits: int = 1) -> dict[str, Any]:
+    """``{stem + suffix: median, stem + "_range": [min, max]}`` of ``values``."""
+    return {stem + suffix: round(_median(values), digits),
+            f"{stem}_range": [round(min(values), digits), round(max(values), digits)]}
+
+
+def _of(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in runs]
+
+
+def main(relay_library: str | None = None) -> dict[str, Any]:
+    """Run the end-to-end benchmark; print the figures and return them.
+
+    ``relay_library`` runs the kvcs relay on another QUIC library than the endpoints."""
     from bench.bench_transport import raw_ceiling
+    from bench.timeline import draw_timeline
 
+    t_start = time.perf_counter()
     total = LAYERS * TOKENS * 8 * 128 * 2 * 2
-    # the issue's ceiling: raw aioquic, same settings (median of RUNS, like the figures)
-    raws = [raw_ceiling("aioquic") for _ in range(RUNS)]
-    raw = _median(raws)
-    raw_lib = raw if BACKEND == "aioquic" else _median(
-        [raw_ceiling(BACKEND) for _ in range(RUNS)])
+    raw_aioquic = raw_ceiling("aioquic")  # reference only: kvcs runs on QUIC_LIBRARY
+    raws: list[float] = []
+    ethernet_raws: list[float] = []
+    ethernet = Transfer(datagram_size=ETHERNET_DATAGRAM)
+    # Fresh sessions: through moq-dev's relay the completed warm-up cache stalls (the K
+    # track's per-layer FETCHes deliver nothing, V's do: 528 of 1024 objects arrive), so
+    # both relays carry only the live cache.
+    versus_moqdev = Transfer(warm=False, interop=True, datagram_size=MOQDEV_DATAGRAM)
+    moqdev_note = None if moqdev_available() else (
+        "moq-ffi not installed (pip install -e '.[interop]')")
+    e2es: list[dict[str, Any]] = []
+    pulls: list[dict[str, Any]] = []
+    directs: list[dict[str, Any]] = []
+    ones: list[dict[str, Any]] = []
+    ethernets: list[dict[str, Any]] = []
+    kvcs_cmp: list[dict[str, Any]] = []
+    moqdev_cmp: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
-        with _relay(tmp, relay_backend) as (url, pin):
-            cold = asyncio.run(_run(url, pin, cert, live=True, warm=False))  # fresh relay
-            cached = asyncio.run(_run(url, pin, cert, live=False))
-        e2es = []
-        for _ in range(RUNS):  # each on a fresh relay: independent samples
-            with _relay(tmp, relay_backend) as (url, pin):
-                e2es.append(asyncio.run(_run(url, pin, cert, live=True)))
-        directs = [asyncio.run(_run(None, "", cert, live=True)) for _ in range(RUNS)]
-    e2e_mib = _median([_mib_s(r) for r in e2es])
-    direct_mib = _median([_mib_s(r) for r in directs])
-    cached_mib = _mib_s(cached)
-    e2e = sorted(e2es, key=_ttfl)[RUNS // 2]  # the run of median time to first layer
-    res = {
-        "quic_library": BACKEND,
-        "raw_ceiling_mib_s": round(raw, 1),
-        "raw_same_library_mib_s": round(raw_lib, 1),
-        "e2e_goodput_mib_s": round(e2e_mib, 1),
-        "e2e_goodput_ratio": round(e2e_mib / raw, 3),
-        "e2e_same_library_ratio": round(e2e_mib / raw_lib, 3),
-        "direct_goodput_mib_s": round(direct_mib, 1),
-        "direct_goodput_ratio": round(direct_mib / raw, 3),
-        "direct_same_library_ratio": round(direct_mib / raw_lib, 3),
-        "relay_cache_pull_mib_s": round(cached_mib, 1),
-        "ttfl_fraction": round(_ttfl(e2e), 4),
-        "ttfl_fraction_cache_pull": round(cached["ttfl"] / cached["seconds"], 4),
-        "ttfl_fraction_direct": round(_median([_ttfl(r) for r in directs]), 4),
-        "ttfl_fraction_cold": round(cold["ttfl"] / cold["seconds"], 4),
-        "first_layer_ms": round(e2e["first_layer_ms"], 1),
-        "mean_layer_ms": round(e2e["mean_layer_ms"], 1),
-        "e2e_cold_goodput_mib_s": round(_mib_s(cold), 1),
-        "ttfl_target": round(1.5 / LAYERS, 4),
-        "consumer_mem_ratio": round(max(r["rss_growth"] / r["data_bytes"] for r in e2es), 3),
-        "rejected_objects": sum(r["rejected"] for r in (cold, cached, *e2es, *directs)),
-        "runs": RUNS,
-        "raw_ceiling_range_mib_s": [round(min(raws), 1), round(max(raws), 1)],
-        "e2e_goodput_range_mib_s": [round(min(map(_mib_s, e2es)), 1),
-                                    round(max(map(_mib_s, e2es)), 1)],
-        "direct_goodput_range_mib_s": [round(min(map(_mib_s, directs)), 1),
-                                       round(max(map(_mib_s, directs)), 1)],
-        "ttfl_fraction_range": [round(min(map(_ttfl, e2es)), 4),
-                                round(max(map(_ttfl, e2es)), 4)],
+
+        def kvcs_relay(datagram_size: int | None = None
+                       ) -> contextlib.AbstractContextManager[RelayProcess]:
+            return relay_process("kvcs", tmp, datagram_size, relay_library)
+
+        with kvcs_relay() as relay:
+            cold = asyncio.run(_run(relay, cert, Transfer(warm=False)))
+        # Rounds of every kind of run, each raw ceiling next to the runs it divides: the
+        # load of the shared host drifts (raw ceilings of one run ranged 318-694 MiB/s).
+        for _ in range(RUNS):
+            raws.append(raw_ceiling(QUIC_LIBRARY))
+            with kvcs_relay() as relay:  # a fresh relay per run: independent samples
+                e2es.append(asyncio.run(_run(relay, cert, Transfer())))
+                pulls.append(asyncio.run(_run(relay, cert, Transfer(live=False))))
+            directs.append(asyncio.run(_run(None, cert, Transfer())))
+            with kvcs_relay() as relay:
+                ones.append(asyncio.run(_run_one_process(relay, Transfer())))
+            ethernet_raws.append(raw_ceiling(QUIC_LIBRARY, "ethernet"))
+            with kvcs_relay(ETHERNET_DATAGRAM) as relay:
+                ethernets.append(asyncio.run(_run(relay, cert, ethernet)))
+            with kvcs_relay(MOQDEV_DATAGRAM) as relay:
+                kvcs_cmp.append(asyncio.run(_run(relay, cert, versus_moqdev)))
+            if moqdev_note is None:
+                try:
+                    with relay_process("moq-dev", tmp) as relay:  # ~7 s a run
+                        moqdev_cmp.append(asyncio.run(_run(relay, cert, versus_moqdev, 60.0)))
+                except Exception as exc:  # reported in the figures, the rest still runs
+                    moqdev_note = f"moq-dev relay run failed: {type(exc).__name__}: {exc}"
+    raw = _median(raws)
+    e2e_mib = _median(_of(e2es, "mib_s"))
+    res: dict[str, Any] = {
+        "quic_library": QUIC_LIBRARY,
         "layers": LAYERS,
         "cache_mib": round(total / MiB, 1),
+        "runs": RUNS,
+        **_figures("raw_same_library", "_mib_s", raws),
+        "raw_aioquic_mib_s": round(raw_aioquic, 1),
+        **_figures("direct", "_mib_s", _of(directs, "mib_s")),
+        **_figures("e2e", "_mib_s", _of(e2es, "mib_s")),
+        **_figures("completed_pull", "_mib_s", _of(pulls, "mib_s")),
+        **_figures("one_process", "_mib_s", _of(ones, "mib_s")),
+        "e2e_cold_mib_s": round(cold["mib_s"], 1),
+        **_figures("ttfl_fraction_direct", "", _of(directs, "ttfl_fraction"), 4),
+        **_figures("ttfl_fraction_relay", "", _of(e2es, "ttfl_fraction"), 4),
+        "ttfl_fraction_completed_pull": round(_median(_of(pulls, "ttfl_fraction")), 4),
+        "ttfl_fraction_cold": round(cold["ttfl_fraction"], 4),
+        "ttfl_fraction_one_process": round(_median(_of(ones, "ttfl_fraction")), 4),
+        "consumer_mem_ratio": round(max(r["rss_growth"] / r["data_bytes"] for r in e2es), 3),
+        "ethernet_datagram_size": ETHERNET_DATAGRAM,
+        **_figures("ethernet_raw", "_mib_s", ethernet_raws),
+        **_figures("ethernet_e2e", "_mib_s", _of(ethernets, "mib_s")),
+        **_figures("relay_cpu_ethernet", "_ms_per_mib",
+                   _of(ethernets, "relay_cpu_ms_per_mib"), 2),
+        **_figures("relay_cpu_loopback", "_ms_per_mib", _of(e2es, "relay_cpu_ms_per_mib"), 2),
+        "moqdev_datagram_size": MOQDEV_DATAGRAM,
+        **_figures("relay_cpu", "_ms_per_mib", _of(kvcs_cmp, "relay_cpu_ms_per_mib"), 2),
+        **_figures("relay_vs_moqdev", "_mib_s", _of(kvcs_cmp, "mib_s")),
     }
-    def rng(key: str) -> str:
-        lo, hi = res[key]
-        return f"[{lo:.0f}-{hi:.0f}]"
-
-    print(f"end to end ({LAYERS} layers, {res['cache_mib']} MiB of K/V, 32 KiB objects, "
-          f"loopback, every object verified; kvcs on {BACKEND}; warm sessions; medians of "
-          f"{RUNS} runs, ranges in brackets):")
-    print(f"  raw aioquic single-hop stream    {raw:8.1f} MiB/s {rng('raw_ceiling_range_mib_s')}"
-          " (the targets' ceiling)")
-    if BACKEND != "aioquic":
-        print(f"  raw {BACKEND} single-hop stream {raw_lib:11.1f} MiB/s  (same library)")
-    print(f"  live: publisher -> relay -> consumer (3 processes) {e2e_mib:7.1f} MiB/s "
-          f"{rng('e2e_goodput_range_mib_s')} ratio {res['e2e_goodput_ratio']:.2f} (target "
-          f">= 0.6; same library {res['e2e_same_library_ratio']:.2f})")
-    print(f"  live: publisher -> consumer (direct)               {direct_mib:7.1f} MiB/s "
-          f"{rng('direct_goodput_range_mib_s')} ratio {res['direct_goodput_ratio']:.2f} "
-          f"(target >= 0.8; same library {res['direct_same_library_ratio']:.2f})")
-    print(f"  completed cache pulled from the relay              {cached_mib:7.1f} MiB/s")
-    lo, hi = res["ttfl_fraction_range"]
-    print(f"  time to first verified layer (live, via relay)     {res['ttfl_fraction']:.4f} "
-          f"[{lo:.4f}-{hi:.4f}] of the transfer (target <= {res['ttfl_target']:.4f} = "
-          f"1.5/L); completed cache pull {res['ttfl_fraction_cache_pull']:.4f}; direct "
-          f"{res['ttfl_fraction_direct']:.4f}")
-    print(f"    first layer {res['first_layer_ms']:.1f} ms, mean layer "
-          f"{res['mean_layer_ms']:.1f} ms")
-    print(f"  cold sessions and a fresh relay: live via relay      "
-          f"{res['e2e_cold_goodput_mib_s']:7.1f} MiB/s, time to first layer "
-          f"{res['ttfl_fraction_cold']:.4f} of the transfer")
-    print(f"  consumer peak memory / held (highest run)          "
-          f"{res['consumer_mem_ratio']:.2f} (target <= 1.3)")
+    e2e = _median_run(e2es, "ttfl_fraction")  # its first layer and timeline are shown
+    direct = _median_run(directs, "ttfl_fraction")
+    res["first_layer_ms"] = round(e2e["first_layer_ms"], 1)
+    res["mean_layer_ms"] = round(e2e["mean_layer_ms"], 1)
+    res["direct_same_library_ratio"] = round(res["direct_mib_s"] / raw, 3)
+    res["e2e_same_library_ratio"] = round(e2e_mib / raw, 3)
+    res["completed_pull_same_library_ratio"] = round(res["completed_pull_mib_s"] / raw, 3)
+    res["one_process_ratio"] = round(res["one_process_mib_s"] / e2e_mib, 3)
+    res["ethernet_e2e_ratio"] = round(res["ethernet_e2e_mib_s"] / res["ethernet_raw_mib_s"], 3)
+    if moqdev_cmp:
+        res.update(_figures("moqdev_e2e", "_mib_s", _of(moqdev_cmp, "mib_s")))
+        res.update(_figures("moqdev_relay_cpu", "_ms_per_mib",
+                            _of(moqdev_cmp, "relay_cpu_ms_per_mib"), 2))
+        res["relay_cpu_ratio_to_moqdev"] = round(
+            res["relay_cpu_ms_per_mib"] / res["moqdev_relay_cpu_ms_per_mib"], 2)
+    if moqdev_note is not None:
+        res["moqdev_note"] = moqdev_note
+    res["rejected_objects"] = sum(r["rejected"] for r in (
+        cold, *e2es, *pulls, *directs, *ones, *ethernets, *kvcs_cmp, *moqdev_cmp))
+    res["timeline"] = {"direct": direct["timeline"], "relay": e2e["timeline"]}
+    res["seconds"] = round(time.perf_counter() - t_start, 1)
+    _print(res)
+    print("  " + draw_timeline(res["timeline"], TIMELINE_PNG,
+                               f"{LAYERS} layers, {res['cache_mib']:.0f} MiB of K/V, "
+                               f"{QUIC_LIBRARY}, loopback; of {RUNS} runs each, the one of "
+                               "median first-layer fraction"))
     return res
+
+
+def _print(res: dict[str, Any]) -> None:
+    def rng(key: str, fmt: str = ".0f") -> str:
+        lo, hi = res[key]
+        return f"[{lo:{fmt}}-{hi:{fmt}}]"
+
+    lib = res["quic_library"]
+    raw = res["raw_same_library_mib_s"]
+    print(f"end to end ({LAYERS} layers, {res['cache_mib']} MiB of K/V, 32 KiB objects, "
+          f"every object verified; kvcs on {lib}, loopback settings unless noted; warm "
+          f"sessions; medians of {RUNS} runs, ranges in brackets; ratios to raw {lib}):")
+    print(f"  raw {lib} single stream            {raw:8.1f} MiB/s {rng('raw_same_library_range')}"
+          f"   (raw aioquic {res['raw_aioquic_mib_s']:.1f} MiB/s, reference only)")
+    for label, key, ratio in (
+            ("live, publisher -> consumer (direct)", "direct", "direct_same_library_ratio"),
+            ("live, publisher -> relay -> consumer", "e2e", "e2e_same_library_ratio"),
+            ("completed cache pulled from the relay", "completed_pull",
+             "completed_pull_same_library_ratio")):
+        print(f"  {label:38s}{res[key + '_mib_s']:7.1f} MiB/s {rng(key + '_range')} "
+              f"ratio {res[ratio]:.2f}")
+    print(f"  live, publisher and consumer in one process, relay in another "
+          f"{res['one_process_mib_s']:.1f} MiB/s {rng('one_process_range')}: "
+          f"{res['one_process_ratio']:.2f} of the three-process run")
+    print(f"  time to first verified layer / transfer: direct {res['ttfl_fraction_direct']:.4f} "
+          f"{rng('ttfl_fraction_direct_range', '.4f')}, via relay "
+          f"{res['ttfl_fraction_relay']:.4f} {rng('ttfl_fraction_relay_range', '.4f')}; "
+          f"completed pull {res['ttfl_fraction_completed_pull']:.4f}; one process "
+          f"{res['ttfl_fraction_one_process']:.4f}")
+    print(f"    via relay: first layer {res['first_layer_ms']:.1f} ms, mean layer "
+          f"{res['mean_layer_ms']:.1f} ms")
+    print(f"  cold sessions and a fresh relay: live via relay {res['e2e_cold_mib_s']:.1f} MiB/s, "
+          f"first layer at {res['ttfl_fraction_cold']:.4f} of the transfer")
+    print(f"  consumer peak memory / held (highest run) {res['consumer_mem_ratio']:.2f}")
+    print(f"  kvcs relay CPU, loopback settings: {res['relay_cpu_loopback_ms_per_mib']:.2f} "
+          f"ms/MiB {rng('relay_cpu_loopback_range', '.2f')}")
+    print(f"  {ETHERNET_DATAGRAM}-byte datagrams: raw {lib} single stream "
+          f"{res['ethernet_raw_mib_s']:.1f} MiB/s {rng('ethernet_raw_range')}; live via the "
+          f"relay {res['ethernet_e2e_mib_s']:.1f} MiB/s {rng('ethernet_e2e_range')} (ratio "
+          f"{res['ethernet_e2e_ratio']:.2f}), relay CPU {res['relay_cpu_ethernet_ms_per_mib']:.2f}"
+          f" ms/MiB")
+    print(f"  versus moq-dev/moq's relay: the same live traffic (hex namespace, moq-dev relay "
+          f"profile, {MOQDEV_DATAGRAM}-byte datagrams, fresh sessions):")
+    print(f"    kvcs relay      {res['relay_vs_moqdev_mib_s']:7.1f} MiB/s "
+          f"{rng('relay_vs_moqdev_range')}, relay CPU {res['relay_cpu_ms_per_mib']:.2f} ms/MiB "
+          f"{rng('relay_cpu_range', '.2f')}")
+    if "moqdev_e2e_mib_s" in res:
+        print(f"    moq-dev relay   {res['moqdev_e2e_mib_s']:7.1f} MiB/s "
+              f"{rng('moqdev_e2e_range')}, relay CPU {res['moqdev_relay_cpu_ms_per_mib']:.2f} "
+              f"ms/MiB {rng('moqdev_relay_cpu_range', '.2f')} (kvcs relay / moq-dev: "
+              f"{res['relay_cpu_ratio_to_moqdev']:.2f})")
+    if "moqdev_note" in res:
+        print(f"    moq-dev relay: {res['moqdev_note']}")
+    print(f"  rejected objects: {res['rejected_objects']}; suite time {res['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

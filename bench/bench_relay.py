@@ -1,36 +1,33 @@
 """Relay throughput: one subscriber through the relay vs direct, and fan-out 1 -> 8.
 
-Every party has its own process: the relay (``python -m kvcs relay``, as deployed), the
-publisher (a child process) and the subscribers (the calling process; direct: its server
-endpoint subscribes to the publishing client). 32 KiB objects, 64 per group,
-QuicSettings.loopback().
+Every party has its own process: the kvcs relay (:mod:`bench._relays`), the publisher (a
+child process) and the subscribers (the calling process; direct: its server endpoint
+subscribes to the publishing client). 32 KiB objects, 64 per group, the loopback preset.
+``relay_fanout8_ratio``: the aggregate egress to 8 subscribers / 8x the one-subscriber
+rate (1.0: the relay serves 8 as fast as one each).
 Run: ``.venv/bin/python -m bench.bench_relay``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from cryptography import x509
-
 from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
+from bench._quic import quic_settings
+from bench._relays import RelayProcess, relay_process
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.wire import LocationFilter, ObjectStatus, Parameters
-from kvcs.transport import QuicSettings, ensure_dev_certificate
-from kvcs.transport.backend import BACKEND_ENV
-from kvcs.transport.certs import fingerprint_sha256
+from kvcs.transport import DevCertificate, ensure_dev_certificate
 
 OBJECT_SIZE = 32 * 1024
 PER_GROUP = 64
 NS = (b"kvcs-1", b"\x42" * 16)
-SETTINGS = QuicSettings.loopback()
+SETTINGS = quic_settings()
 WHOLE = Parameters(location_filter=LocationFilter.none())
 
 
@@ -40,18 +37,6 @@ relay), filled by :func:`direct` and :func:`via_relay`. Robust to a busy machine
 cores the 3 processes of the relay run compete for CPU, the 2 of the direct run do not."""
 
 
-def _process_cpu(pid: int | None) -> float:
-    """User+system CPU seconds of process ``pid`` (Linux /proc); 0.0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _record_cpu(run: str, payload: int, publisher: float, subscribers: float,
                 relay: float | None = None) -> None:
     mib = payload / 2**20
@@ -59,13 +44,6 @@ def _record_cpu(run: str, payload: int, publisher: float, subscribers: float,
     if relay is not None:
         roles["relay"] = relay
     CPU_US_PER_MIB[run] = {k: round(v / mib * 1e6) for k, v in roles.items()}
-
-
-def _pin(cafile: str) -> str:
-    """SHA-256 pin of the relay's self-signed certificate (works with aioquic and qh3;
-    qh3 does not accept a self-signed server certificate as its own CA)."""
-    with open(cafile, "rb") as f:
-        return fingerprint_sha256(x509.load_pem_x509_certificate(f.read()))
 
 
 async def _produce(pub: Endpoint, track: Any, groups: int, flush_ep: Endpoint) -> None:
@@ -90,10 +68,10 @@ async def _consume(sub_ep: Endpoint, name: bytes) -> int:
     return n
 
 
-async def _publisher_main(conn: Connection, url: str, cafile: str, groups: int, name: bytes,
+async def _publisher_main(conn: Connection, url: str, pin: str, groups: int, name: bytes,
                           announce: bool) -> None:
     """Child: connect (and announce to a relay), wait for "go", publish, report the start."""
-    pub = await Endpoint.connect(url, pin_sha256=_pin(cafile), settings=SETTINGS)
+    pub = await Endpoint.connect(url, pin_sha256=pin, settings=SETTINGS)
     if announce:
         await pub.announce(NS)
     track = pub.create_track(NS, name)
@@ -107,20 +85,19 @@ async def _publisher_main(conn: Connection, url: str, cafile: str, groups: int, 
     await pub.wait_closed()
 
 
-def _publisher_process(conn: Connection, url: str, cafile: str, groups: int, name: bytes,
+def _publisher_process(conn: Connection, url: str, pin: str, groups: int, name: bytes,
                        announce: bool) -> None:
-    run_child(conn, _publisher_main(conn, url, cafile, groups, name, announce))
+    run_child(conn, _publisher_main(conn, url, pin, groups, name, announce))
 
 
-async def direct(cafile: str, groups: int) -> float:
+async def direct(cert: DevCertificate, groups: int) -> float:
     """Publisher (child process, client) serving this process's server endpoint; MiB/s."""
     eps: list[Endpoint] = []
-    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=cafile,
-                                   keyfile=cafile.replace("dev-cert", "dev-key"),
-                                   settings=SETTINGS)
+    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=str(cert.certfile),
+                                   keyfile=str(cert.keyfile), settings=SETTINGS)
     try:
         url = f"moqt://127.0.0.1:{server.port}/"
-        async with child_process(_publisher_process, url, cafile, groups, b"direct",
+        async with child_process(_publisher_process, url, cert.sha256, groups, b"direct",
                                  False) as child:
             await child.recv()  # ready
             while not eps or eps[-1].peer_setup is None:
@@ -139,24 +116,23 @@ async def direct(cafile: str, groups: int) -> float:
     return n / (t1 - t0) / 2**20
 
 
-async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
-                    name: bytes, relay_pid: int | None = None) -> float:
+async def via_relay(relay: RelayProcess, groups: int, subscribers: int, name: bytes) -> float:
     """Publisher (child process) -> relay (own process) -> N subscribers (this process);
-    aggregate subscriber MiB/s. With ``relay_pid`` the relay's CPU time is recorded too."""
-    url = f"moqt://127.0.0.1:{port}/"
-    async with child_process(_publisher_process, url, cafile, groups, name, True) as child:
+    aggregate subscriber MiB/s; the relay's CPU time is recorded too."""
+    url = relay.url
+    async with child_process(_publisher_process, url, relay.pin, groups, name, True) as child:
         await child.recv()  # ready (announced)
-        subs = [await Endpoint.connect(url, pin_sha256=_pin(cafile), settings=SETTINGS)
+        subs = [await Endpoint.connect(url, pin_sha256=relay.pin, settings=SETTINGS)
                 for _ in range(subscribers)]
         consumers = [asyncio.create_task(_consume(s, name)) for s in subs]
         await asyncio.sleep(0.2)
-        cpu, relay_cpu = time.process_time(), _process_cpu(relay_pid)
+        cpu, relay_cpu = time.process_time(), relay.cpu_seconds()
         child.send("go")
         total = sum(await asyncio.wait_for(asyncio.gather(*consumers), CHILD_TIMEOUT))
         t1 = time.perf_counter()
         t0, pub_cpu = await child.recv()
         _record_cpu(f"relay_{subscribers}sub", total // subscribers, pub_cpu,
-                    time.process_time() - cpu, _process_cpu(relay_pid) - relay_cpu)
+                    time.process_time() - cpu, relay.cpu_seconds() - relay_cpu)
         child.send("done")
         for ep in subs:
             ep.close()
@@ -165,43 +141,25 @@ async def via_relay(port: int, cafile: str, groups: int, subscribers: int,
     return total / (t1 - t0) / 2**20
 
 
-def _start_relay(tmp: str, backend: str | None = None) -> tuple[subprocess.Popen[str], int]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if backend is not None:
-        env[BACKEND_ENV] = backend
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvcs", "relay", "--anonymous", "--listen", "127.0.0.1:0",
-         "--quic-preset", "loopback", "--log-level", "warning", "--cert-dir", tmp],
-        stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    port = int(line.split()[4].rpartition(":")[2])
-    proc.stdout.readline()  # fingerprint
-    return proc, port
+def main(groups: int = 40, relay_library: str | None = None) -> dict[str, Any]:
+    """Print and return the relay figures (MiB/s and ratios).
 
-
-def main(groups: int = 40, relay_backend: str | None = None) -> dict[str, float]:
-    """Print and return the relay figures (MiB/s and ratio).
-
-    ``relay_backend`` runs the relay process on another QUIC library (``"qh3"``) than
-    the endpoints (``KVCS_QUIC_BACKEND`` of this process, aioquic by default).
+    ``relay_library`` runs the relay process on another QUIC library than the endpoints
+    (``KVCS_QUIC_BACKEND`` of this process).
     """
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
-        cafile = str(cert.certfile)
-        proc, port = _start_relay(tmp, relay_backend)
-        try:
-            d = asyncio.run(direct(cafile, groups))
-            r = asyncio.run(via_relay(port, cafile, groups, 1, b"one", proc.pid))
-            f = asyncio.run(via_relay(port, cafile, max(groups // 2, 8), 8, b"fan", proc.pid))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+        with relay_process("kvcs", tmp, library=relay_library) as relay:
+            d = asyncio.run(direct(cert, groups))
+            r = asyncio.run(via_relay(relay, groups, 1, b"one"))
+            f = asyncio.run(via_relay(relay, max(groups // 2, 8), 8, b"fan"))
     res = {"direct_mib_s": round(d, 1), "relay_1sub_mib_s": round(r, 1),
-           "relay_ratio": round(r / d, 3), "fanout_8_egress_mib_s": round(f, 1)}
+           "relay_ratio": round(r / d, 3), "fanout_8_egress_mib_s": round(f, 1),
+           "relay_fanout8_ratio": round(f / (8 * r), 3)}
     print(f"relay bench ({OBJECT_SIZE // 1024} KiB objects, {PER_GROUP}/group, loopback): "
           f"direct {d:.1f} MiB/s, via relay {r:.1f} MiB/s (ratio {r / d:.2f}, target >= 0.7); "
-          f"fan-out 1->8 aggregate relay egress {f:.1f} MiB/s")
+          f"fan-out 1->8 aggregate relay egress {f:.1f} MiB/s = "
+          f"{res['relay_fanout8_ratio']:.2f} of 8x one subscriber")
     for run, roles in CPU_US_PER_MIB.items():
         print(f"  CPU us per MiB of track payload, {run:11s}: "
               + ", ".join(f"{role} {us:,.0f}" for role, us in roles.items()))
@@ -209,4 +167,4 @@ def main(groups: int = 40, relay_backend: str | None = None) -> dict[str, float]
 
 
 if __name__ == "__main__":
-    main(relay_backend=sys.argv[1] if len(sys.argv) > 1 else None)
+    main(relay_library=sys.argv[1] if len(sys.argv) > 1 else None)

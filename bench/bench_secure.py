@@ -35,18 +35,20 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.bench_e2e import BACKEND, LAYERS, Setup, _median, _mib_s, _relay, _run
+from bench._quic import QUIC_LIBRARY
+from bench._relays import relay_process
+from bench.bench_e2e import LAYERS, Transfer, _median, _run
 from kvcs.kv.secure import ContentKey
 from kvcs.transport import ensure_dev_certificate
 
 RUNS = 5
 CONTENT_KEY = ContentKey(1, 4, bytes(range(100, 132)))  # AES_128_GCM_SHA256_128
 SETUPS = {
-    "plaintext": Setup(),
-    "protected": Setup(content_keys=(CONTENT_KEY,)),
-    "protected_in_band": Setup(content_keys=(CONTENT_KEY,), in_band=True),
-    "q8": Setup(codec="q8"),
-    "kv_q8": Setup(joint_codec="q8", take="q8"),
+    "plaintext": Transfer(),
+    "protected": Transfer(content_keys=(CONTENT_KEY,)),
+    "protected_in_band": Transfer(content_keys=(CONTENT_KEY,), in_band=True),
+    "q8": Transfer(codec="q8"),
+    "kv_q8": Transfer(joint_codec="q8", take="q8"),
 }
 
 
@@ -65,21 +67,20 @@ def main() -> dict[str, Any]:
         for _ in range(RUNS):
             for name, setup in SETUPS.items():
                 before = _children_cpu_s()
-                with _relay(tmp) as (url, pin):
-                    runs[name].append(asyncio.run(_run(url, pin, cert, live=True,
-                                                       setup=setup)))
+                with relay_process("kvcs", tmp) as relay:
+                    runs[name].append(asyncio.run(_run(relay, cert, setup)))
                 cpu[name].append(_children_cpu_s() - before)
-    mib = {name: _median([_mib_s(r) for r in rs]) for name, rs in runs.items()}
+    mib = {name: _median([r["mib_s"] for r in rs]) for name, rs in runs.items()}
 
     def ratio(name: str) -> float:
         """Median over the rounds of the setup's goodput over that round's plaintext."""
-        return _median([_mib_s(r) / _mib_s(p) for r, p in
+        return _median([r["mib_s"] / p["mib_s"] for r, p in
                         zip(runs[name], runs["plaintext"], strict=True)])
 
-    ranges = {name: [round(min(map(_mib_s, rs)), 1), round(max(map(_mib_s, rs)), 1)]
+    ranges = {name: [round(min(r["mib_s"] for r in rs), 1), round(max(r["mib_s"] for r in rs), 1)]
               for name, rs in runs.items()}
     res: dict[str, Any] = {
-        "quic_library": BACKEND,
+        "quic_library": QUIC_LIBRARY,
         "plaintext_goodput_mib_s": round(mib["plaintext"], 1),
         "protected_goodput_mib_s": round(mib["protected"], 1),
         "protected_in_band_goodput_mib_s": round(mib["protected_in_band"], 1),
@@ -102,7 +103,7 @@ def main() -> dict[str, Any]:
         return f"[{lo:.0f}-{hi:.0f}]"
 
     print(f"live publisher -> relay -> consumer ({LAYERS} layers, 128 MiB of K/V, kvcs on "
-          f"{BACKEND}; medians of {RUNS} runs on fresh relays, ranges in brackets):")
+          f"{QUIC_LIBRARY}; medians of {RUNS} runs on fresh relays, ranges in brackets):")
     print(f"  plaintext raw tracks                     {mib['plaintext']:7.1f} MiB/s "
           f"{rng('plaintext')}")
     print(f"  protected (Secure Objects, AES-128-GCM)  {mib['protected']:7.1f} MiB/s "

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
+from bench._quic import ETHERNET_DATAGRAM, LIBRARY_ENV, QUIC_LIBRARY, quic_settings
 from kvcs.moqt.actions import Action, SendStreamData, StreamOpener
 from kvcs.transport import (
     ConnectionInfo,
@@ -31,7 +32,6 @@ from kvcs.transport import (
     ensure_dev_certificate,
     serve,
 )
-from kvcs.transport.backend import BACKEND, BACKEND_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,11 @@ MiB = 1024 * 1024
 SETTINGS: dict[str, QuicSettings] = {
     "aioquic": QuicSettings.aioquic_defaults(),
     "default": QuicSettings(),
-    "loopback": QuicSettings.loopback(),
+    "loopback": quic_settings(),
+    "ethernet": quic_settings(ETHERNET_DATAGRAM),
 }
+"""Named settings: aioquic's own defaults, kvcs's defaults (1350-byte datagrams), the
+loopback preset, and the loopback preset with Ethernet-sized (1452-byte) datagrams."""
 
 
 CPU_US_PER_MIB: dict[str, dict[str, float]] = {}
@@ -187,7 +190,7 @@ def raw_ceiling(library: str, settings_name: str = "loopback",
                 total_bytes: int = 256 * MiB) -> float:
     """Raw stream MiB/s on QUIC library ``library`` (``aioquic`` or ``qh3``), measured in
     a fresh process (the library is bound per process), with the named settings."""
-    env = dict(os.environ, **{BACKEND_ENV: library})
+    env = dict(os.environ, **{LIBRARY_ENV: library})
     out = subprocess.run(
         [sys.executable, "-m", "bench.bench_transport", "--raw", settings_name,
          str(total_bytes)], env=env, capture_output=True, text=True, check=True,
@@ -203,7 +206,7 @@ def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict
     for name in names:
         size = total_bytes if name != "aioquic" else min(total_bytes, 64 * MiB)
         results[name] = asyncio.run(raw_stream_throughput(SETTINGS[name], size))
-        print(f"raw QUIC uni stream ({BACKEND}), {name:9s} settings: "
+        print(f"raw QUIC uni stream ({QUIC_LIBRARY}), {name:9s} settings: "
               f"{results[name]:8.1f} MiB/s")
     return results
 

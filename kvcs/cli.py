@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -126,7 +125,7 @@ async def start_kvsp_beside(relay: Any) -> Any:
     closes it); the relay itself never imports the KV layer."""
     from .kv.store import BlockStore
     from .kvnet.kvsp_http import KvspServer  # aiohttp: loaded only when configured
-    from .relay.config import parse_hostport
+    from .relay.config import ListenError, parse_hostport
 
     cfg = relay.config
     assert cfg.kvsp_store and relay.certfile is not None
@@ -137,22 +136,23 @@ async def start_kvsp_beside(relay: Any) -> Any:
     try:
         await server.start()
     except OSError as exc:
-        raise OSError(exc.errno, f"KVSP HTTPS on {host}:{port}: {exc.strerror or exc}") from exc
+        raise ListenError(f"{host}:{port}", " (KVSP HTTPS)", exc) from exc
     log.info("serving KVSP containers of %s on %s", cfg.kvsp_store, server.url)
     return server
 
 
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
-    from .quic_backend import BACKEND_ENV, choose
-    from .relay.config import ConfigError
+    from .relay import Relay
+    from .relay.config import ConfigError, ListenError
+    from .transport import default_library, use_library
 
     try:
         cfg = relay_config(args)
-        backend = choose(cfg.quic_backend or os.environ.get(BACKEND_ENV) or "auto")
+        # the relay's settings are made without a library: they take this default
+        backend = use_library(cfg.quic_backend) if cfg.quic_backend else default_library()
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    from .relay import Relay  # binds the QUIC library chosen above
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -164,13 +164,19 @@ def run_relay(args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         kvsp = None
         try:
-            await relay.start()
-            if cfg.kvsp_store:
-                kvsp = await start_kvsp_beside(relay)
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {cfg.listen}: {exc.strerror or exc}") from None
+            await relay.start()  # leaves nothing open when it fails
+        except ListenError as exc:
+            raise UsageError(str(exc)) from None
         except ConnectionError as exc:
             raise UsageError(f"cannot connect upstream {cfg.upstream}: {exc}") from None
+        except OSError as exc:  # e.g. the certificate directory
+            raise UsageError(str(exc)) from None
+        if cfg.kvsp_store:
+            try:
+                kvsp = await start_kvsp_beside(relay)
+            except ListenError as exc:
+                await relay.stop(grace=0)
+                raise UsageError(str(exc)) from None
         print(f"kvcs relay listening on {cfg.listen.rpartition(':')[0]}:{relay.port} "
               f"(moqt-22 over QUIC and WebTransport, QUIC library {backend})", flush=True)
         if relay.fingerprint:

@@ -119,7 +119,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return desc, tokens
 
 
-async def _connect(args: argparse.Namespace) -> Any:
+async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
+    """An endpoint connected to ``url`` (default ``--relay``) with the relay options."""
     from .endpoint import Endpoint
     from .moqt.wire import AuthToken
     from .transport import QuicSettings
@@ -128,8 +129,9 @@ async def _connect(args: argparse.Namespace) -> Any:
     if args.token:
         tokens = (AuthToken(3, token_type=0, value=args.token.encode()),)
     settings = QuicSettings.loopback() if args.loopback else QuicSettings()
+    url = url or args.relay
     try:
-        return await Endpoint.connect(args.relay, settings=settings, verify=not args.insecure,
+        return await Endpoint.connect(url, settings=settings, verify=not args.insecure,
                                       cafile=args.cafile, pin_sha256=args.pin,
                                       auth_tokens=tokens)
     except (ConnectionError, ValueError, OSError) as exc:
@@ -138,12 +140,15 @@ async def _connect(args: argparse.Namespace) -> Any:
             hint = ("; the relay's certificate is not trusted here: pass --pin <its SHA-256 "
                     "fingerprint, printed by `kvcs relay`> or --cafile <its certificate, e.g. "
                     "certs/dev-cert.pem>")
-        raise UsageError(f"cannot connect to {args.relay}: {exc}{hint}") from None
+        raise UsageError(f"cannot connect to {url}: {exc}{hint}") from None
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=str(args.log_level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = str(args.log_level).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLevelName(level) in (logging.WARNING, logging.ERROR):
+        # aioquic logs a failed handshake as a warning; the command reports it in one line
+        logging.getLogger("quic").setLevel(logging.ERROR)
 
 
 def _progress(what: str, i: int, n: int, t0: float, nbytes: int | None = None) -> None:
@@ -246,11 +251,20 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--retention", type=float, default=3600.0, metavar="SECONDS",
                    help="MAX_CACHE_DURATION of the tracks (default 3600)")
     p.add_argument("--linger", type=float, default=None, metavar="SECONDS",
-                   help="stay connected this long after publishing so the relay can pull "
-                        "the tracks (default: until Ctrl-C)")
+                   help="stay connected this long once published (default: leave as soon "
+                        "as the relay holds the whole publication; with --no-hand-over: "
+                        "until Ctrl-C)")
+    p.add_argument("--no-hand-over", action="store_true",
+                   help="do not wait for the relay to hold every track: stay connected "
+                        "(--linger, or until Ctrl-C) so that it can pull them on demand")
+    p.add_argument("--hand-over-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the relay may take to pull every track before `kvcs "
+                        "publish` gives up with status 1 (default 300)")
     p.add_argument("--store", metavar="DIR",
                    help="also write one KVSP container per complete block into DIR, for "
-                        "`kvcs kvsp-serve` (HTTP fallback)")
+                        "`kvcs kvsp-serve` (HTTP fallback); they expire with --retention")
+    _index_args(p, "register the publication (its moqt:// URI at --relay) for its Block Keys "
+                   "with this KVSP Index (`kvcs kvsp-serve`), for --retention seconds")
     p.add_argument("--protect", action="store_true", help=PROTECT_HELP)
     p.add_argument("--protect-in-band", action="store_true",
                    help="--protect with the Key ID carried in the payload, for relays that "
@@ -282,9 +296,13 @@ def run_publish(args: argparse.Namespace) -> int:
                          f"{args.tokens} has {len(tokens)} ({covered // desc.block_tokens} "
                          f"complete blocks of {desc.block_tokens}): give the cache of these "
                          "tokens, or the tokens it was computed from")
+    index = _index_client(args)
+    if index is not None and not args.relay.startswith("moqt://"):
+        raise UsageError("--index registers a moqt:// URI: give a moqt:// --relay")
     if args.store:
         try:
-            keys = store_cache(BlockStore(args.store), desc, scope, tokens, ks, vs)
+            keys = store_cache(BlockStore(args.store), desc, scope, tokens, ks, vs,
+                               retention_s=args.retention)
         except OSError as exc:
             raise UsageError(f"--store {args.store}: {exc.strerror or exc}") from None
         except ValueError as exc:
@@ -297,12 +315,17 @@ def run_publish(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise UsageError(f"producer key: {exc}") from None
 
-    async def run() -> None:
+    hand_over = None if args.no_hand_over else args.hand_over_timeout
+    if hand_over is not None and hand_over <= 0:
+        raise UsageError("--hand-over-timeout must be positive")
+
+    async def run() -> int:
         ep = await _connect(args)
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
                                     producer_key=key, hex_namespace=args.hex_namespace,
-                                    secure=secure, secure_in_band=args.protect_in_band)
+                                    hand_over_s=hand_over, secure=secure,
+                                    secure_in_band=args.protect_in_band)
             try:
                 pub = KvPublisher(ep, scope, desc, tokens, opts)
             except PublicationError as exc:
@@ -310,6 +333,8 @@ def run_publish(args: argparse.Namespace) -> int:
             await pub.start()
             print(f"publication {pub.publication_id.hex()} ({pub.blocks()} blocks, "
                   f"{desc.layers} layers)", flush=True)
+            if index is not None:
+                await _register(index, args, pub, tokens)
             t0 = time.perf_counter()
             for i in range(desc.layers):
                 try:
@@ -317,19 +342,65 @@ def run_publish(args: argparse.Namespace) -> int:
                 except PublicationError as exc:
                     raise UsageError(str(exc)) from None
                 _progress("published", i, desc.layers, t0)
-            await pub.finish()
+            try:
+                await pub.finish()
+            except PublicationError as exc:
+                print(f"kvcs publish: {exc}; publish again, or with --no-hand-over to serve "
+                      "the tracks yourself", file=sys.stderr, flush=True)
+                return 1
             print("publication complete", flush=True)
-            if args.linger is None:
+            if hand_over is not None:
+                print(f"the relay holds the whole publication (for {args.retention:g} s); "
+                      "leaving", flush=True)
+            if args.linger is None and hand_over is None:
                 print("serving the tracks; Ctrl-C to stop", flush=True)
                 await ep.wait_closed()
-            elif args.linger > 0:
+            elif args.linger:
                 await asyncio.sleep(args.linger)
+            return 0
         finally:
             ep.close()
             await ep.wait_closed()
+            if index is not None:
+                await index.aclose()
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
+
+
+def _index_args(p: argparse.ArgumentParser, help_text: str) -> None:
+    g = p.add_argument_group("KVSP Index")
+    g.add_argument("--index", action="append", metavar="URL", help=help_text +
+                   " (https://host:port, repeatable)")
+    g.add_argument("--index-token", metavar="TOKEN", help="Bearer token for the index "
+                   "(default: --http-token, else --token)")
+    tls = g.add_mutually_exclusive_group()
+    tls.add_argument("--index-cafile", metavar="PEM", help="trust this CA/certificate")
+    tls.add_argument("--index-pin", metavar="SHA256", help="accept exactly the certificate "
+                     "with this SHA-256 fingerprint (printed by `kvcs kvsp-serve`)")
+
+
+def _index_client(args: argparse.Namespace) -> Any:
+    """The KvspClient of ``--index`` (None without it)."""
+    if not getattr(args, "index", None):
+        return None
+    token = args.index_token or getattr(args, "http_token", None) or args.token
+    return _kvsp_client(args.index, token, args.index_cafile, args.index_pin, "--index")
+
+
+async def _register(index: Any, args: argparse.Namespace, pub: Any, tokens: Any) -> None:
+    """Register a publication's moqt:// URI with the KVSP Index for its Block Keys."""
+    from .kv.errors import KvcsError
+    from .kv.ids import block_keys
+    from .kv.index import publication_uri
+
+    keys = block_keys(pub.scope, pub.compat_id, tokens, pub.descriptor.block_tokens)
+    uri = publication_uri(args.relay, pub.fields)
+    try:
+        await index.register(pub.namespace.scope_id, pub.compat_id, keys, uri,
+                             ttl=args.retention)
+    except KvcsError as exc:
+        raise UsageError(f"--index: {exc}") from None
+    print(f"registered with the KVSP Index for {len(keys)} Block Keys: {uri}", flush=True)
 
 
 # ---------------------------------------------------------------------------- fetch
@@ -377,6 +448,13 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
                         "unsigned integers of the same width); `kvcs publish --kv` reads it")
     p.add_argument("--layers", metavar="A:B", help="layers A..B-1 (default: all)")
     p.add_argument("--blocks", type=int, metavar="N", help="only the first N blocks")
+    p.add_argument("--codec", action="append", metavar="NAME",
+                   help="codec preference, repeatable or comma-separated (e.g. q8,raw; "
+                        "default raw): the first one the publication offers and this build "
+                        "implements is used")
+    p.add_argument("--recompute-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="give up on blocks after this long without progress, and bound "
+                        "recovery by it (the time recomputing would take; default 10)")
     p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.add_argument("--require-signed", action="store_true",
                    help="refuse publications without a valid manifest.cose (the default "
@@ -395,8 +473,27 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
     htls.add_argument("--http-cafile", metavar="PEM", help="trust this CA/certificate")
     htls.add_argument("--http-pin", metavar="SHA256", help="accept exactly the certificate "
                       "with this SHA-256 fingerprint (printed by `kvcs kvsp-serve`)")
+    _index_args(p, "find publications through this KVSP Index (a lookup of the prompt's "
+                   "Block Keys; no prefix is revealed to relays)")
+    p.add_argument("--discovery", choices=["prefix", "index", "index-first"],
+                   help="prefix: probe successively shorter prefixes at the relay; index: "
+                        "ask --index only; index-first (default with --index): the index, "
+                        "then prefixes")
     p.set_defaults(func=run_fetch)
     return p
+
+
+def _codecs(values: list[str] | None) -> list[str]:
+    """``--codec`` values (repeated and/or comma-separated) as a preference order."""
+    from .kv.tracks import TrackName
+
+    names = [c.strip() for v in values or ["raw"] for c in v.split(",") if c.strip()]
+    for name in names:
+        try:
+            TrackName.data("k", name, 0)
+        except ValueError as exc:
+            raise UsageError(f"--codec: {exc}") from None
+    return names
 
 
 def run_fetch(args: argparse.Namespace) -> int:
@@ -412,13 +509,19 @@ def run_fetch(args: argparse.Namespace) -> int:
     _check_out(args.out)
     if args.blocks is not None and args.blocks < 1:
         raise UsageError("--blocks must be at least 1")
+    if args.recompute_budget <= 0:
+        raise UsageError("--recompute-budget must be positive")
+    codecs = _codecs(args.codec)
     keyring = _keyring(args)
     if args.require_signed and keyring is None:
         raise UsageError("--require-signed needs --keyring")
     secure = _content_keys(args)
-    if not args.relay and not args.http:
-        raise UsageError("give --relay, --http or both")
+    if not args.relay and not args.http and not args.index:
+        raise UsageError("give --relay, --http, --index or a combination")
+    if args.discovery in ("index", "index-first") and not args.index:
+        raise UsageError(f"--discovery {args.discovery} needs --index")
     client = _http_client(args)
+    index = _index_client(args)
 
     async def run() -> int:
         ep = None
@@ -426,13 +529,23 @@ def run_fetch(args: argparse.Namespace) -> int:
             try:
                 ep = await _connect(args)
             except UsageError as exc:
-                if client is None:
+                if client is None and index is None:
                     raise
-                print(f"{exc}; retrieving over KVSP HTTP", file=sys.stderr, flush=True)
+                print(f"{exc}; going on without it", file=sys.stderr, flush=True)
+
+        async def connect(url: str) -> Any:  # a relay the index names
+            try:
+                return await _connect(args, url)
+            except UsageError as exc:  # not a mistake of this user: that relay is away
+                raise ConnectionError(str(exc)) from None
+
+        # a keyring implies --require-signed
+        c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
+                       keyring=keyring, require_signed=keyring is not None,
+                       hex_namespace=args.hex_namespace, http=client, index=index,
+                       discovery=args.discovery, connect=connect, codec=codecs,
+                       recompute_budget_s=args.recompute_budget, secure=secure)
         try:
-            c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
-                           keyring=keyring, require_signed=keyring is not None,
-                           hex_namespace=args.hex_namespace, http=client, secure=secure)
             pub = await c.discover()
             if pub is None and client is None:
                 refused = f" (refused: {c.discarded[0][1]})" if c.discarded else ""
@@ -448,9 +561,11 @@ def run_fetch(args: argparse.Namespace) -> int:
                       f"HTTP from {', '.join(client.urls)}", flush=True)
                 source = c.http_layers(layers, args.blocks)
             else:
+                plan = c.prefix_plan(pub, c.manifests[pub.fields], args.blocks)
                 print(f"found publication {pub.namespace.publication_id.hex()} covering "
-                      f"{pub.prefix_blocks} of {len(c.keys)} blocks", flush=True)
-                source = c.layers(pub, layers, args.blocks)
+                      f"{sum(n for _, n in plan)} of {len(c.keys)} blocks in "
+                      f"{len(plan)} segment(s)", flush=True)
+                source = c.prefix_layers(pub, layers, args.blocks)
             got = []
             t0 = time.perf_counter()
             try:
@@ -475,28 +590,34 @@ def run_fetch(args: argparse.Namespace) -> int:
                   f"{args.out}", flush=True)
             return 0
         finally:
+            await c.aclose()
             if ep is not None:
                 ep.close()
                 await ep.wait_closed()
-            if client is not None:
-                await client.aclose()
+            for http in (client, index):
+                if http is not None:
+                    await http.aclose()
 
     return asyncio.run(run())
 
 
 def _http_client(args: argparse.Namespace) -> Any:
-    """The KvspClient of ``fetch --http`` (None without --http)."""
+    """The KvspClient of ``fetch --http`` (None without it)."""
     if not args.http:
         return None
+    return _kvsp_client(args.http, args.http_token, args.http_cafile, args.http_pin, "--http")
+
+
+def _kvsp_client(urls: list[str], token: str | None, cafile: str | None, pin: str | None,
+                 flag: str) -> Any:
     from .kvnet.kvsp_http import KvspClient
 
     try:
-        return KvspClient(args.http, args.http_token, cafile=args.http_cafile,
-                          pin_sha256=args.http_pin)
+        return KvspClient(urls, token, cafile=cafile, pin_sha256=pin)
     except FileNotFoundError as exc:
-        raise UsageError(f"--http-cafile: {exc.strerror}: {exc.filename}") from None
+        raise UsageError(f"{flag}-cafile: {exc.strerror}: {exc.filename}") from None
     except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
-        raise UsageError(f"--http: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 # ---------------------------------------------------------------------------- kvsp-serve
@@ -604,7 +725,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .kv.errors import KvcsError
     from .kv.ids import KvcsNamespace, scope_id
     from .kv.manifest import Manifest, check_namespace
-    from .moqt.wire import LocationFilter
+    from .kvnet.manifest_track import ManifestTrack
 
     _setup_logging(args)
     scope = _scope(args)
@@ -635,42 +756,45 @@ def run_inspect(args: argparse.Namespace) -> int:
                     continue
                 print(f"- publication {kns.publication_id.hex()} compat "
                       f"{kns.compat_id.hex()[:16]}... anchor {kns.anchor_key.hex()[:16]}...")
-                for name, signed in ((b"manifest.cose", True), (b"manifest", False)):
-                    try:
-                        st = await ep.track_status(ns, name)
-                    except MoqtRequestError:
-                        continue
-                    if st.params.largest_object is None:
-                        continue
-                    g = st.params.largest_object.group
-                    res = await ep.fetch(ns, name, location_filter=LocationFilter
-                                         .absolute_group_end(g, 0, 0))
-                    objs = [o for o in await res.collect(10) if o.payload.nbytes]
-                    if not objs:
-                        continue
-                    blob = bytes(objs[-1].payload)
-                    try:
-                        if signed:
-                            if keyring is None:
-                                print(f"  {name.decode()} v{g}: signed (no --keyring given; "
-                                      "signature not verified)")
-                                blob = _cose_payload(blob)
-                            else:
-                                blob = verify_manifest(blob, keyring)
-                                print(f"  {name.decode()} v{g}: signature OK")
-                        m = Manifest.parse(blob)
-                        check_namespace(m, kns.compat_id)
-                    except KvcsError as exc:
-                        print(f"  {name.decode()} v{g}: INVALID: {exc}")
-                        break
-                    print(f"  {name.decode()} v{g}: {m.layers} layers, {m.block_tokens} "
-                          f"tokens/block, model {m.compat.get('model')!r}, "
-                          f"deterministic={m.deterministic}")
-                    for s in m.segments:
-                        print(f"    segment {s.segment}: blocks {s.first_block}.."
-                              f"{s.first_block + s.blocks - 1}, complete={s.complete}, "
-                              f"tracks {', '.join(s.tracks)}")
-                    break
+                track = None
+                try:
+                    async with asyncio.timeout(5):
+                        track = await ManifestTrack.open(ep, ns, require_signed=False)
+                        blob = await track.next_version()
+                except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
+                    print(f"  no manifest: {exc or 'none within 5 s'}")
+                    continue
+                except KvcsError as exc:  # protected: the manifest is encrypted
+                    print(f"  manifest unreadable: {exc}")
+                    continue
+                finally:
+                    if track is not None:
+                        await track.close()
+                if blob is None:
+                    print("  no manifest: the track ended without a version")
+                    continue
+                name, g = track.name.decode(), track.version
+                try:
+                    if track.signed:
+                        if keyring is None:
+                            print(f"  {name} v{g}: signed (no --keyring given; "
+                                  "signature not verified)")
+                            blob = _cose_payload(blob)
+                        else:
+                            blob = verify_manifest(blob, keyring)
+                            print(f"  {name} v{g}: signature OK")
+                    m = Manifest.parse(blob)
+                    check_namespace(m, kns.compat_id)
+                except KvcsError as exc:
+                    print(f"  {name} v{g}: INVALID: {exc}")
+                    continue
+                print(f"  {name} v{g}: {m.layers} layers, {m.block_tokens} "
+                      f"tokens/block, model {m.compat.get('model')!r}, "
+                      f"deterministic={m.deterministic}")
+                for seg in m.segments:
+                    print(f"    segment {seg.segment}: blocks {seg.first_block}.."
+                          f"{seg.first_block + seg.blocks - 1}, complete={seg.complete}, "
+                          f"tracks {', '.join(seg.tracks)}")
             return 0
         finally:
             ep.close()

@@ -30,8 +30,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+from .admission import Admission
 from .moqt import events as ev
-from .moqt.errors import RequestErrorCode, SessionCode
+from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
@@ -58,9 +59,9 @@ from .moqt.wire import (
     SubscribeOk,
     TrackNamespace,
     TrackStatus,
+    namespace_has_prefix,
 )
-from .transport import ConnectionInfo, MoqtConnection, QuicSettings, connect, serve
-from .transport.binding import Server
+from .transport import ConnectionInfo, MoqtConnection, QuicSettings, Server, connect, serve
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,10 @@ class MoqtRequestError(Exception):
 
 class SessionClosedError(ConnectionError):
     """The MOQT session ended while a request was in progress."""
+
+
+class HandOverError(ConnectionError):
+    """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,11 +455,15 @@ class Endpoint(BoundSession):
     """
 
     def __init__(self, conn: MoqtConnection, *, origin: Origin[Endpoint] | None = None,
-                 auth_tokens: tuple[AuthToken, ...] = ()) -> None:
+                 auth_tokens: tuple[AuthToken, ...] = (),
+                 admission: Admission | None = None) -> None:
         super().__init__(conn)
         self.origin: Origin[Endpoint] = Origin() if origin is None else origin
         self.auth_tokens = auth_tokens
         """Sent with every request (and in SETUP by :meth:`connect`)."""
+        self.admission = admission
+        """Checks the peer's requests (tokens, limits) before they are answered; None:
+        every request is answered (a client endpoint trusts its relay)."""
         self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
         self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
         self._requests: dict[int, Any] = {}
@@ -539,6 +548,53 @@ class Endpoint(BoundSession):
         ns = tuple(namespace)
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
+
+    async def hand_over(self, namespace: TrackNamespace, timeout: float = 60.0) -> None:
+        """Wait until the peer, a relay, holds every local track under ``namespace``
+        complete, so that this session can end without taking the publication with it
+        (docs/relay.md, "Publish and go").
+
+        For each track, a SUBSCRIBE with Forward 0 (no object comes back): a kvcs relay
+        pulls the whole track from us (it subscribes upstream with Forward 1 and a fill of
+        the whole track whatever its subscribers' Forward) and ends the subscription with
+        PUBLISH_DONE TRACK_ENDED once its copy is complete. Every track must have ended
+        (End of Track). Raises :class:`HandOverError` if a track has not ended, if the relay
+        refuses or ends a subscription otherwise, or after ``timeout`` seconds.
+        """
+        ns = tuple(namespace)
+        tracks = [t for t in self.origin.tracks.values()
+                  if namespace_has_prefix(t.namespace, ns)]
+        open_tracks = [t.name.decode(errors="replace") for t in tracks
+                       if t.end_of_track is None]
+        if open_tracks:
+            raise HandOverError(f"track(s) {', '.join(open_tracks)} have no End of Track: "
+                                "a relay cannot hold them complete")
+
+        async def confirm(track: Track) -> None:
+            name = track.name.decode(errors="replace")
+            sub: Subscription | None = None
+            try:
+                sub = await self.subscribe(track.namespace, track.name, forward=0)
+                async for _ in sub:
+                    pass  # Forward 0: nothing comes; the iteration ends at PUBLISH_DONE
+            except (MoqtRequestError, SessionClosedError) as exc:
+                raise HandOverError(f"track {name}: {exc}") from exc
+            finally:
+                if sub is not None and not sub.finished:
+                    await sub.cancel()  # timed out: stop asking
+            if sub.done is None or sub.done.status != PublishDoneCode.TRACK_ENDED:
+                status = "no PUBLISH_DONE" if sub.done is None else _done_name(sub.done)
+                raise HandOverError(f"track {name}: the relay ended it with {status}")
+
+        tasks = [asyncio.ensure_future(confirm(t)) for t in tracks]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+        except TimeoutError:
+            raise HandOverError(f"the relay did not confirm every track within {timeout:g} "
+                                "s") from None
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def withdraw(self, namespace: TrackNamespace) -> None:
         """Withdraw a namespace announced with :meth:`announce`."""
@@ -630,10 +686,26 @@ class Endpoint(BoundSession):
 
     # ----------------------------------------------------------------- serving
 
+    def open_requests(self) -> int:
+        """Requests the peer has open with us (served, and namespace requests)."""
+        return (self.server.active + len(self.peer_namespaces)
+                + len(self.origin.watches(self)))
+
     def handle_request(self, e: ev.RequestReceived) -> None:
-        """Answer the peer's request from :attr:`origin`."""
+        """Answer the peer's request from :attr:`origin` (once :attr:`admission` admits
+        it)."""
         m = e.message
         s = self.session
+        if self.admission is not None:
+            refusal = self.admission.check(self.peer_setup, m, self.open_requests(),
+                                           self.server.fetching)
+            if refusal is not None:
+                if refusal.close_session:
+                    self.close(refusal.code, refusal.reason)
+                else:
+                    s.request_error(e.request_id, refusal.code, refusal.reason,
+                                    retry_interval=refusal.retry_ms)
+                return
         if isinstance(m, Subscribe | Fetch | TrackStatus):
             track = self.origin.track(m.namespace, m.name)
             if track is None:
@@ -733,6 +805,14 @@ class Endpoint(BoundSession):
         send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
 
 
+def _done_name(done: PublishDone) -> str:
+    try:
+        name = PublishDoneCode(done.status).name
+    except ValueError:
+        name = f"0x{done.status:x}"
+    return f"{name} ({done.reason})" if done.reason else name
+
+
 def _resolve(fut: asyncio.Future[Any] | None, value: Any) -> None:
     if fut is not None and not fut.done():
         fut.set_result(value)
@@ -799,14 +879,16 @@ async def serve_endpoints(
     settings: QuicSettings | None = None,
     origin: Origin[Endpoint] | None = None,
     endpoint_class: type[Endpoint] = Endpoint,
+    admission: Admission | None = None,
     **session_options: Any,
 ) -> Server:
     """:func:`serve_sessions` with one ``endpoint_class`` per session, all serving
-    ``origin`` if given (else each its own); ``on_endpoint`` is called with each new
-    endpoint before any of its events are handled."""
+    ``origin`` if given (else each its own) and admitting requests by ``admission`` if
+    given; ``on_endpoint`` is called with each new endpoint before any of its events are
+    handled."""
 
     def bind(conn: MoqtConnection) -> None:
-        on_endpoint(endpoint_class(conn, origin=origin))
+        on_endpoint(endpoint_class(conn, origin=origin, admission=admission))
 
     return await serve_sessions(host, port, bind, certfile=certfile, keyfile=keyfile,
                                 settings=settings, **session_options)
@@ -816,6 +898,7 @@ __all__ = [
     "BoundSession",
     "Endpoint",
     "FetchResult",
+    "HandOverError",
     "MoqtRequestError",
     "NamespaceWatch",
     "ReceivedObject",

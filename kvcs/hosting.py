@@ -4,7 +4,10 @@ A :class:`TrackHost` offers the publishing API of :class:`~kvcs.endpoint.Endpoin
 (``create_track``, ``publish``, ``announce``, ``withdraw``, ``drain``) for a publisher that
 accepts consumers directly instead of publishing into a relay: every accepted session
 serves the host's one :class:`~kvcs.moqt.origin.Origin`, so all see the same tracks and
-the same announced namespaces (SUBSCRIBE_NAMESPACE).
+the same announced namespaces (SUBSCRIBE_NAMESPACE). Like a relay, it admits requests
+through :class:`~kvcs.admission.Admission`: per-session limits on open requests and
+concurrent FETCHes (REQUEST_ERROR EXCESSIVE_LOAD with a Retry Interval), and, given an
+:class:`~kvcs.auth.Authorizer`, the same authorization tokens (UNAUTHORIZED).
 """
 
 from __future__ import annotations
@@ -12,21 +15,28 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .admission import Admission, Limits
+from .auth import Authorizer
 from .endpoint import Endpoint, send_namespace_notices, serve_endpoints
 from .moqt.origin import Origin
 from .moqt.track import FullTrackName, Track
 from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
-from .transport import QuicSettings
-from .transport.binding import Server
+from .transport import QuicSettings, Server
 
 
 class TrackHost:
-    """Local tracks served by a MOQT server to all its sessions."""
+    """Local tracks served by a MOQT server to all its sessions.
 
-    def __init__(self) -> None:
+    ``authorizer``: the tokens a request needs (default: none needed); ``limits``: per
+    session (default: the relay's defaults, :class:`~kvcs.admission.Limits`).
+    """
+
+    def __init__(self, authorizer: Authorizer | None = None,
+                 limits: Limits | None = None) -> None:
         self.origin: Origin[Endpoint] = Origin()
         self.endpoints: list[Endpoint] = []
         self.server: Server | None = None
+        self.admission = Admission(authorizer or Authorizer(anonymous=True), limits)
 
     @property
     def tracks(self) -> dict[FullTrackName, Track]:
@@ -38,7 +48,8 @@ class TrackHost:
         """Start a server whose sessions all serve this host's origin."""
         self.server = await serve_endpoints(host, port, self._attach, certfile=certfile,
                                             keyfile=keyfile, settings=settings,
-                                            origin=self.origin, **kw)
+                                            origin=self.origin, admission=self.admission,
+                                            **kw)
         return self.server
 
     def _attach(self, ep: Endpoint) -> None:

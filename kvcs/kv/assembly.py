@@ -9,20 +9,22 @@ authenticity is required. It is then given bytes:
   order, duplicates included: :meth:`LayerAssembler.accept`;
 * KVSP containers (one block, every layer) from HTTP holders:
   :meth:`LayerAssembler.accept_container`;
-* newer manifest versions, whose signed ``object_digests`` confirm layers:
-  :meth:`LayerAssembler.use_manifest`.
+* newer manifest versions, whose ``object_digests`` every object of a listed layer must
+  match (signed ones also confirm layers): :meth:`LayerAssembler.use_manifest`.
 
 It verifies each object (with content keys, first that it decrypts as a MOQT Secure Object;
 then the 68-octet header, Location, SHA-256, component, codec, token count and token start,
-and the signed digest when required) and each container (layer digests, CompatID, Block
-Key, token start, and the manifest's digest when the retrieval is protected or signed),
-decodes the verified data straight into preallocated layer arrays (one pass: receive
-buffer -> layer), hands out complete layers in order (:meth:`LayerAssembler.pop_ready`)
-and says exactly which blocks are still missing (:meth:`LayerAssembler.missing`). A failed
-check discards the object, counts it as rejected and leaves its block missing: nothing
-raises and no unverified byte reaches a yielded layer. An object whose Key ID is not held
-is kept for ``key_wait_s`` (:meth:`LayerAssembler.release_held` retries it once the key
-is added to the :class:`~kvcs.kv.secure.SecureObjects`), then treated as missing.
+and the digest the manifest lists for it) and each container (layer digests, CompatID,
+Block Key, token start, and the listed digests of the objects it stands for; in a protected
+retrieval a container's block waits for that listing), decodes the verified data straight
+into preallocated layer arrays (one pass: receive buffer -> layer), hands out complete
+layers in order (:meth:`LayerAssembler.pop_ready`) and says exactly which blocks are still
+missing (:meth:`LayerAssembler.missing`) and what of the unfinished layers was verified
+(:meth:`LayerAssembler.partial`). A failed check discards the object, counts it as rejected
+and leaves its block missing: nothing raises and no unverified byte reaches a yielded layer.
+An object whose Key ID is not held is kept for ``key_wait_s``
+(:meth:`LayerAssembler.release_held` retries it once the key is added to the
+:class:`~kvcs.kv.secure.SecureObjects`), then treated as missing.
 
 No I/O: :class:`kvcs.kvnet.consumer.KvConsumer` subscribes, fetches, retries and feeds it.
 """
@@ -39,7 +41,14 @@ from enum import Enum
 import numpy as np
 
 from ..moqt.wire import Properties
-from .codecs import Buffer, codec_value, decode_component_into, raw_section
+from .codecs import (
+    CODECS,
+    Buffer,
+    codec_value,
+    decode_component_into,
+    encode_component,
+    zstd_available,
+)
 from .component import Component
 from .container import decode_container, read_container
 from .errors import ContainerError, ManifestError, VerificationError
@@ -54,6 +63,7 @@ __all__ = [
     "KvLayer",
     "LayerAssembler",
     "Outcome",
+    "codec_implemented",
     "select_tracks",
 ]
 
@@ -111,23 +121,36 @@ class Outcome(Enum):
     """Protected with a Key ID not held yet: kept a bounded time (its block is missing)."""
 
 
-def select_tracks(segment: Segment, codec: str) -> dict[Component, TrackName]:
-    """The tracks of ``segment`` to retrieve with ``codec``: ``k`` and ``v``, else the joint
-    ``kv`` track, else ``k`` and ``v`` in ``raw``; ManifestError if it offers none of these."""
+def codec_implemented(codec: str) -> bool:
+    """True if this build can decode ``codec`` (a registered name; ``zstd`` needs the
+    ``zstandard`` package)."""
+    return codec in CODECS and (codec != "zstd" or zstd_available())
+
+
+def select_tracks(segment: Segment, codecs: str | Sequence[str]) -> dict[Component, TrackName]:
+    """The tracks of ``segment`` to retrieve, by codec preference: for each codec in order,
+    the ``k`` and ``v`` pair, else the joint ``kv`` track. A single name means that codec,
+    then ``raw``. Codecs this build does not implement (:func:`codec_implemented`) are
+    skipped, so another listed encoding is selected (KVSP profile section 5);
+    ManifestError if none of the preferred codecs is offered."""
     s = segment.segment
-    for choice in ((Component.K, Component.V, codec), (Component.KV, codec),
-                   (Component.K, Component.V, "raw")):
-        *kinds, name = choice
-        tracks = {kind: TrackName.data(kind, name, s) for kind in kinds}
-        if all(t.format() in segment.tracks for t in tracks.values()):
-            return tracks
-    raise ManifestError(f"segment {s} offers no usable tracks: {segment.tracks}")
+    prefs = (codecs, "raw") if isinstance(codecs, str) else tuple(codecs)
+    for codec in dict.fromkeys(prefs):
+        if not codec_implemented(codec):
+            continue
+        for kinds in ((Component.K, Component.V), (Component.KV,)):
+            tracks = {kind: TrackName.data(kind, codec, s) for kind in kinds}
+            if all(t.format() in segment.tracks for t in tracks.values()):
+                return tracks
+    raise ManifestError(f"segment {s} offers no usable tracks for codecs {list(prefs)}: "
+                        f"{segment.tracks}")
 
 
 @dataclass
 class _LayerBuffer:
     """One layer being assembled: K and V rows for every wanted block, which blocks of each
-    are placed, and (authenticity required) the Data Digest each placed object had."""
+    are placed, and the Data Digest each placed object had (checked against the manifest's
+    listing)."""
 
     k: np.ndarray
     v: np.ndarray
@@ -136,6 +159,9 @@ class _LayerBuffer:
     placed: int = 0
     """Placed (block, K or V) pairs; the layer is complete at 2 x blocks."""
     digests: dict[tuple[Component, int], bytes] = field(default_factory=dict)
+    from_containers: set[int] = field(default_factory=set)
+    """Blocks placed from KVSP containers (a protected retrieval confirms them only by the
+    manifest's listing)."""
 
     @classmethod
     def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuffer:
@@ -256,9 +282,6 @@ class LayerAssembler:
         self._held: dict[tuple[Component, int, int], _Held] = {}
         self._given_up: set[int] = set()  # Key IDs whose objects waited in vain
         self._block_tokens = descriptor.block_tokens
-        self._dtype = descriptor.dtype
-        self._k_shape = descriptor.k_shape()
-        self._v_shape = descriptor.v_shape()
         self._buffers: dict[int, _LayerBuffer] = {}
         self._signed: dict[Component, list[list[str]]] = {}
         self._next = layers.start
@@ -282,24 +305,42 @@ class LayerAssembler:
 
     def missing(self) -> dict[int, list[int]]:
         """The blocks still missing, per layer not yet handed out (layer -> sorted block
-        indexes within the segment). With authenticity required, objects whose signed
-        digest differs are dropped first (and counted as rejected), and a layer the
-        manifest does not list yet misses every block (none of it can be confirmed)."""
+        indexes within the segment). Placed objects whose digest differs from the one the
+        manifest lists are dropped first (and counted as rejected); with authenticity
+        required, a layer the manifest does not list yet misses every block (none of it
+        can be confirmed)."""
         out: dict[int, list[int]] = {}
         for layer in range(self._next, self.layers.stop):
             buf = self._buffers.get(layer)
             if buf is None or (self.require_signed and not self._listed_layer(layer)):
                 out[layer] = list(range(self.blocks))
                 continue
-            if buf.digests and not self._listed_layer(layer):
-                # protected: blocks from containers wait for the manifest to list them
-                miss = sorted(set(buf.missing()) | {b for _, b in buf.digests})
-            else:
-                if buf.digests:
-                    self._drop_unsigned(layer, buf)
-                miss = buf.missing()
+            listed = self._listed_layer(layer)
+            if listed:
+                self._drop_mismatches(layer, buf)
+            miss = buf.missing()
+            if not listed and self._containers_wait(buf):
+                miss = sorted({*miss, *buf.from_containers})
             if miss:
                 out[layer] = miss
+        return out
+
+    def partial(self) -> dict[int, KvLayer]:
+        """The verified blocks of the layers not handed out (those with any), for a caller
+        that recomputes only what :meth:`missing` names: the rows of missing blocks are
+        zero. With authenticity required, only layers the manifest lists count."""
+        missing = self.missing()
+        out: dict[int, KvLayer] = {}
+        for layer in range(self._next, self.layers.stop):
+            buf = self._buffers.get(layer)
+            gaps = missing.get(layer, [])
+            if buf is None or len(gaps) == self.blocks:
+                continue
+            rows = self._block_tokens
+            for b in gaps:
+                buf.k[b * rows:(b + 1) * rows] = 0
+                buf.v[b * rows:(b + 1) * rows] = 0
+            out[layer] = KvLayer(layer, buf.k, buf.v, self.blocks)
         return out
 
     def pop_ready(self) -> list[KvLayer]:
@@ -344,8 +385,7 @@ class LayerAssembler:
         except (VerificationError, ValueError) as exc:
             self._reject(kind, layer, block, exc)
             return Outcome.REJECTED
-        if self.require_signed:
-            buf.digests[(kind, block)] = digest
+        buf.digests[(kind, block)] = digest  # checked when the manifest lists the layer
         self.stats.objects += 1
         self.stats.bytes += len(payload)
         return Outcome.LAYER_COMPLETE if buf.complete() else Outcome.PLACED
@@ -418,20 +458,11 @@ class LayerAssembler:
 
     # ------------------------------------------------------------------ containers
 
-    @property
-    def _confirm_containers(self) -> bool:
-        """Containers must match the manifest's digests: it is signed (authenticity
-        required) or authenticated by the content keys (a protected retrieval), while the
-        containers come from a holder that neither covers."""
-        return self.require_signed or self.secure is not None
-
-    @property
-    def containers_usable(self) -> bool:
-        """False when containers cannot be confirmed: they must match the manifest's
-        digests and a selected track is not ``raw`` (its digests are not those of raw
-        sections)."""
-        return not (self._confirm_containers
-                    and any(c != _RAW for c in self._codecs.values()))
+    def _containers_wait(self, buf: _LayerBuffer) -> bool:
+        """``buf``, of a layer the manifest does not list yet, holds blocks from containers
+        that must wait for the listing: in a protected retrieval the content keys do not
+        cover the holder, only the manifest they authenticate does."""
+        return self.secure is not None and bool(buf.from_containers)
 
     def container_blocks(self, missing: Mapping[int, Iterable[int]] | None = None) -> list[int]:
         """The blocks (within the segment) of ``missing`` (default: :meth:`missing`) that a
@@ -449,8 +480,6 @@ class LayerAssembler:
         every layer not yet handed out that misses it; False if it was discarded."""
         if not 0 <= block < self.blocks:
             raise ValueError(f"block {block} is outside 0..{self.blocks - 1}")
-        if not self.containers_usable:
-            return False
         index = self.first_block + block
         d = self.descriptor
         try:
@@ -470,23 +499,32 @@ class LayerAssembler:
             if buf.has(Component.KV, block):
                 continue
             buf.place(block, ks[layer], vs[layer])
-            if self._confirm_containers:
-                # what the objects' Data Digests are: SHA-256 of the raw sections, the
-                # layer digest for a joint kv.raw track
-                for kind in self.tracks:
-                    buf.digests[(kind, block)] = (
-                        c.layers[layer].digest if kind is Component.KV else
-                        hashlib.sha256(raw_section(ks[layer] if kind is Component.K
-                                                   else vs[layer])).digest())
+            for kind in self.tracks:  # checked like objects' when the manifest lists them
+                buf.digests[(kind, block)] = self._object_digest(
+                    kind, ks[layer], vs[layer], c.layers[layer].digest)
+            buf.from_containers.add(block)
         return True
+
+    def _object_digest(self, kind: Component, k: np.ndarray, v: np.ndarray,
+                       layer_digest: bytes) -> bytes:
+        """The Data Digest of the ``kind`` object that these raw K and V rows of one block
+        and layer make on its track: SHA-256 of the raw section, the layer digest for
+        ``kv.raw``; for another codec, of the rows encoded again (``q8`` is deterministic;
+        a ``zstd`` digest matches when this zstandard writes the publisher's frame)."""
+        codec = self._codecs[kind]
+        if codec == _RAW and kind is Component.KV:
+            return layer_digest
+        return hashlib.sha256(encode_component(kind, codec, k, v)).digest()
 
     # ------------------------------------------------------------------ signed digests
 
     def use_manifest(self, manifest: Manifest) -> None:
         """Take the ``object_digests`` of a (newer) manifest version of the publication:
-        with authenticity required they confirm layers, in a protected retrieval the
-        containers placed (the manifest is trusted: its signature was verified, or it
-        decrypted with the content keys)."""
+        every object and container of a listed layer must have its listed digest (checked
+        at receipt, and for what was placed before the listing when the layer is handed
+        out); with authenticity required (the manifest's signature was verified) they also
+        confirm layers, and an unlisted layer waits; in a protected retrieval (the manifest
+        decrypted with the content keys) they confirm the blocks placed from containers."""
         for kind, track in self.tracks.items():
             seg = manifest.segment(track.segment or 0)
             groups = None
@@ -496,8 +534,6 @@ class LayerAssembler:
             self._signed[kind] = groups or []
 
     def _listed(self, kind: Component, layer: int, block: int) -> bytes | None:
-        if not self.require_signed:
-            return None
         groups = self._signed.get(kind, ())
         return bytes.fromhex(groups[layer][block]) if layer < len(groups) else None
 
@@ -505,9 +541,9 @@ class LayerAssembler:
         """The manifest lists the signed digests of ``layer`` for every selected track."""
         return all(layer < len(self._signed.get(kind, ())) for kind in self.tracks)
 
-    def _drop_unsigned(self, layer: int, buf: _LayerBuffer) -> None:
+    def _drop_mismatches(self, layer: int, buf: _LayerBuffer) -> None:
         """Drop (and count as rejected) the placed objects of a listed layer whose digest is
-        not the signed one, so that recovery fetches them again."""
+        not the listed one, so that recovery fetches them again."""
         for kind in self.tracks:
             listed = self._signed[kind][layer]
             for b in range(self.blocks):
@@ -516,14 +552,13 @@ class LayerAssembler:
                     self.stats.rejected += 1
 
     def _confirmed(self, layer: int, buf: _LayerBuffer) -> bool:
-        """True if the complete layer may be handed out: nothing in it needs the manifest's
-        digests, or the manifest lists the layer and everything that needs them (with
-        authenticity required every object; protected, the containers) has its digest."""
-        if not (self.require_signed or buf.digests):
-            return True
+        """True if the complete layer may be handed out: every object of it has the digest
+        the manifest lists, or the manifest does not list the layer yet and nothing in it
+        needs the listing (authenticity required: every object; protected: the blocks
+        from containers); otherwise the layer waits for a newer manifest version."""
         if not self._listed_layer(layer):
-            return False  # wait for a newer manifest version
-        self._drop_unsigned(layer, buf)
+            return not (self.require_signed or self._containers_wait(buf))
+        self._drop_mismatches(layer, buf)
         return buf.complete()
 
     def _buffer(self, layer: int) -> _LayerBuffer:

@@ -4,27 +4,36 @@ Embed it in a decode worker::
 
     consumer = KvConsumer(endpoint, scope, descriptor, tokens)
     pub = await consumer.discover()                  # longest reusable prefix, or None
-    async for layer in consumer.layers(pub):         # layer 0 first, while later ones arrive
+    async for layer in consumer.prefix_layers(pub):  # layer 0 first, while later ones arrive
         attend(layer.index, layer.k, layer.v)        # numpy [blocks*B, kv_heads, head_dim]
 
 Procedures (kvcs-draft "Consumer Procedures"):
 
 * discovery: SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID, AnchorKey) for the
-  longest prefix, then successively shorter ones;
-* manifest: ``manifest.cose`` first, ``manifest`` only when authenticity is not required;
-  CompatID of ``compat`` must equal the namespace's, ``block_keys_sha256`` must cover the
-  consumer's own Block Keys;
-* a live cache: SUBSCRIBE with Next Object + FILL_PARAMETERS from {0,0} on each needed data
-  track (exactly once); a completed one: FETCH of layers a..b (Absolute Start, Group End;
-  ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
+  longest prefix, then successively shorter ones; or (``index=``, ``discovery=``) a KVSP
+  Index lookup of the prompt's Block Keys, whose ``moqt://`` replica records name
+  publications (also those of a longer prefix than the prompt) without revealing prefixes
+  to relays;
+* manifest (:mod:`kvcs.kvnet.manifest_track`): SUBSCRIBE to ``manifest.cose`` (Next Object
+  + fill Relative Start 1), to ``manifest`` only when the publisher says ``manifest.cose``
+  does not exist and authenticity is not required; CompatID of ``compat`` must equal the
+  namespace's; a segment is used only when its ``block_keys_sha256`` covers the consumer's
+  own Block Keys (:meth:`KvConsumer.covered_blocks`). While a segment is live the
+  subscription stays open: newer versions bring completion and ``object_digests``;
+* a live segment: SUBSCRIBE with Next Object + FILL_PARAMETERS from {0,0} on each needed
+  data track (exactly once); a completed one: FETCH of layers a..b (Absolute Start, Group
+  End; ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
   excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
   layer;
 * relay profiles (``relay_profile``, :mod:`kvcs.kvnet.relay_profile`): what the relay
   supports decides how a data track is retrieved (``"kvcs"``: a full draft-22 relay, with
   automatic fallbacks where a request is refused; ``"moq-dev"``: the limits of moq-dev/moq,
   whose live and completed tracks are both followed from the current group);
-* every object is verified (header, Location, SHA-256, and the signed ``object_digests``
-  when authenticity is required) and placed by a sans-IO
+* codecs: ``codec`` is a preference order; codecs this build does not implement are
+  skipped and another listed encoding is selected (:func:`~kvcs.kv.assembly.select_tracks`);
+* every object is verified (header, Location, SHA-256, token count, codec, and the
+  ``object_digests`` whenever the manifest lists them; signed ones confirm layers when
+  authenticity is required) and placed by a sans-IO
   :class:`~kvcs.kv.assembly.LayerAssembler`; a bad object is discarded and treated as
   missing;
 * protection (``secure=``, the scope's content keys): the manifest and every object must
@@ -33,16 +42,23 @@ Procedures (kvcs-draft "Consumer Procedures"):
   Key ID is not held waits ``key_wait_s`` for :meth:`KvConsumer.add_content_key`, then is
   missing;
 * a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
-  order; missing blocks are retried (other endpoints = other relays, other publications
-  when both are deterministic) within a recompute-time budget, then reported through
-  :class:`RecomputeRequired`. Objects of different publications are never mixed unless
-  both manifests say ``deterministic``;
+  order. Missing blocks are retried (other endpoints = other relays, other publications
+  when both manifests say ``deterministic``), then fetched over KVSP HTTP, then reported
+  through :class:`RecomputeRequired`. Objects of different publications are never mixed
+  unless both manifests say ``deterministic``;
+* bounded waits ("SHOULD bound recovery by recompute time"): the transfer gives up after
+  ``recompute_budget_s`` without progress (an object or container verified and placed, a
+  newer manifest version), measured from the start of the retrieval and restarted by each
+  progress; recovery then has ``recompute_budget_s`` from its own start. Reading a
+  manifest, a namespace subscription and an index lookup are bounded by the same budget.
+  What was verified is kept: :attr:`RecomputeRequired.partial`;
 * HTTP fallback (``http=KvspClient(...)``, KVSP profile section 8): blocks still missing
-  after the MOQT sources are fetched as KVSP containers from HTTP holders, verified
-  (layer digests, CompatID, Block Key, token start, and the signed ``object_digests`` when
-  authenticity is required) and placed, within the same budget; with no MOQT path at all
-  (no endpoint, nothing discovered), :meth:`KvConsumer.http_layers` retrieves the layers
-  over HTTP alone, named by the Block Keys of the consumer's own prompt.
+  after the MOQT sources are fetched as KVSP containers from HTTP holders, and from the
+  ``https://`` holders their lookup answers name, verified (layer digests, CompatID, Block
+  Key, token start, and the listed ``object_digests``) and placed, within the same budget;
+  with no MOQT path at all (no endpoint, nothing discovered),
+  :meth:`KvConsumer.http_layers` retrieves the layers over HTTP alone, named by the Block
+  Keys of the consumer's own prompt.
 """
 
 from __future__ import annotations
@@ -51,38 +67,40 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
 from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
-from ..kv.codecs import codec_value
 from ..kv.component import Component
 from ..kv.container import max_container_size
 from ..kv.cose import Keyring, verify_manifest
 from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
+from ..kv.index import parse_publication_uri
 from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
-from ..kv.secure import ContentKey, SecureObjects, effective_priority, open_object
-from ..kv.tracks import TrackName
+from ..kv.secure import ContentKey, SecureObjects, effective_priority
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import (
-    Location,
+    PARAM_OBJECTID_FILTER,
     LocationFilter,
     ObjectStatus,
     Parameters,
     Properties,
     RangeFilter,
 )
+from .manifest_track import ManifestTrack
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
     from .kvsp_http import KvspClient
 
 __all__ = [
+    "DISCOVERY_MODES",
     "RELAY_PROFILES",
     "ConsumerStats",
     "KvConsumer",
@@ -93,47 +111,72 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OBJECTID_FILTER = 0x26
+#: ``KvConsumer(discovery=...)``: prefix probing only, the KVSP Index only, or the index
+#: first and prefix probing when it names no usable publication.
+DISCOVERY_MODES = ("prefix", "index", "index-first")
 
 
 class RecomputeRequired(KvcsError):
     """Some blocks could not be obtained and verified within the budget.
 
-    ``missing`` maps layer -> sorted block indexes (within the segment) to recompute;
-    ``yielded`` is how many layers were delivered before this was raised.
+    ``missing`` maps layer -> sorted block indexes to recompute (within the segment for
+    :meth:`KvConsumer.layers`, within the covered prefix for
+    :meth:`KvConsumer.prefix_layers`); ``yielded`` is how many layers were delivered before
+    this was raised; ``partial`` holds, for the layers not delivered that have any, the
+    verified blocks (a :class:`KvLayer` whose rows of missing blocks are zero), so that only
+    the missing blocks need recomputing.
     """
 
-    def __init__(self, missing: dict[int, list[int]], yielded: int, reason: str) -> None:
+    def __init__(self, missing: dict[int, list[int]], yielded: int, reason: str,
+                 partial: dict[int, KvLayer] | None = None) -> None:
         layers = sorted(missing)
         super().__init__(f"{reason}: {len(layers)} layer(s) incomplete, first {layers[:1]}")
         self.missing = missing
         self.yielded = yielded
         self.reason = reason
+        self.partial: dict[int, KvLayer] = partial or {}
 
 
 @dataclass(frozen=True)
 class Publication:
-    """A publication found by discovery: its namespace and how many blocks its anchor
-    covers (the reusable prefix)."""
+    """A publication found by discovery: its namespace and how many blocks of the prompt it
+    covers (the reusable prefix).
+
+    ``endpoint`` is where it was found (None: the consumer's primary endpoint); retrieval
+    starts there. ``index_blocks`` is non-zero for a publication of a longer prefix than
+    the prompt found through a KVSP Index: the consumer cannot compute its Block Keys, so
+    that its first ``index_blocks`` blocks are the prompt's rests on the index's replica
+    records (never accepted with ``require_signed``)."""
 
     namespace: KvcsNamespace
     fields: tuple[bytes, ...]
     prefix_blocks: int
+    endpoint: Endpoint | None = field(default=None, compare=False)
+    index_blocks: int = 0
 
 
 @dataclass
 class ConsumerStats(AssemblyStats):
     """What the consumer saw (for logs, tests and benchmarks): the assembly counters
-    (objects, bytes, rejected, duplicates, excess, http_blocks) and its own."""
+    (objects, bytes, rejected, duplicates, excess, http_blocks, held) and its own."""
 
     retries: int = 0
     first_layer_at: float | None = None
     started_at: float = 0.0
     finished_at: float | None = None
+    manifest_versions: int = 0
+    """Manifest versions read (the first one and every newer one followed)."""
 
 
 class KvConsumer:
-    """Finds and retrieves KV caches for one prompt. See the module docstring."""
+    """Finds and retrieves KV caches for one prompt. See the module docstring.
+
+    ``codec``: a codec name or a preference order (e.g. ``["q8", "raw"]``). ``index``: a
+    KVSP Index (:class:`~kvcs.kvnet.kvsp_http.KvspClient`) for ``discovery`` ``"index"``
+    or ``"index-first"`` (the default when ``index`` is given), and for more holders in
+    HTTP recovery. ``connect``: opens an endpoint to a relay the index names that none of
+    ``endpoints`` is connected to (the consumer owns and :meth:`aclose` closes those).
+    """
 
     def __init__(
         self,
@@ -144,22 +187,34 @@ class KvConsumer:
         *,
         keyring: Keyring | None = None,
         require_signed: bool | None = None,
-        codec: str = "raw",
+        codec: str | Sequence[str] = "raw",
         hex_namespace: bool = False,
         recompute_budget_s: float = 10.0,
         discovery_timeout: float = 0.1,
         on_progress: Callable[[str, int, int], None] | None = None,
         relay_profile: RelayProfile | str = "kvcs",
         http: KvspClient | None = None,
+        index: KvspClient | None = None,
+        discovery: str | None = None,
+        connect: Callable[[str], Awaitable[Endpoint]] | None = None,
         secure: SecureObjects | None = None,
         key_wait_s: float = 2.0,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
-        if not self.endpoints and http is None:
+        if not self.endpoints and http is None and index is None:
             raise ValueError("at least one endpoint (or an HTTP client) is needed")
         self.http = http
         """KVSP HTTP holders (:class:`~kvcs.kvnet.kvsp_http.KvspClient`) used when MOQT
         sources fail (recovery) or when there is no MOQT path (:meth:`http_layers`)."""
+        self.index = index
+        """The KVSP Index asked for publications (and holders)."""
+        self.discovery = discovery or ("index-first" if index is not None else "prefix")
+        if self.discovery not in DISCOVERY_MODES:
+            raise ValueError(f"discovery must be one of {DISCOVERY_MODES}, got {discovery!r}")
+        if self.discovery != "prefix" and index is None:
+            raise ValueError(f"discovery={self.discovery!r} needs index=KvspClient(...)")
+        self.connect = connect
+        self._opened: dict[str, Endpoint] = {}
         self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
                            else CompatDescriptor.from_dict(descriptor))
         self.scope = scope
@@ -170,8 +225,10 @@ class KvConsumer:
         given (a consumer with producer keys never falls back to unsigned manifests)."""
         if self.require_signed and keyring is None:
             raise ValueError("require_signed needs a keyring of producer keys")
-        self.codec = codec
-        codec_value(codec)
+        self.codecs: tuple[str, ...] = (codec, "raw") if isinstance(codec, str) else tuple(codec)
+        """The codec preference order."""
+        if not self.codecs or not all(isinstance(c, str) for c in self.codecs):
+            raise ValueError("codec must be a codec name or a sequence of names")
         self.hex_namespace = hex_namespace
         self.recompute_budget_s = recompute_budget_s
         self.discovery_timeout = discovery_timeout
@@ -202,7 +259,7 @@ class KvConsumer:
                              "(KvConsumer(secure=...))")
         self.secure.add_key(key)
         for run in self._retrievals:
-            run.ready.set()
+            run.progress.ready.set()
 
     @property
     def endpoint(self) -> Endpoint:
@@ -210,6 +267,25 @@ class KvConsumer:
         if not self.endpoints:
             raise ValueError("this consumer has no MOQT endpoint (HTTP only)")
         return self.endpoints[0]
+
+    def _source(self, pub: Publication) -> Endpoint:
+        """The endpoint a publication's retrieval starts on."""
+        return pub.endpoint or self.endpoint
+
+    async def aclose(self) -> None:
+        """Close the endpoints this consumer opened (``connect``) for index-named relays."""
+        opened, self._opened = list(self._opened.values()), {}
+        for ep in opened:
+            ep.close()
+        for ep in opened:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ep.wait_closed(), 2)
+
+    async def __aenter__(self) -> KvConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # ------------------------------------------------------------------ discovery
 
@@ -222,28 +298,45 @@ class KvConsumer:
     async def discover(self, max_blocks: int | None = None,
                        endpoint: Endpoint | None = None) -> Publication | None:
         """Find a usable publication for the longest reusable prefix (None if nothing
-        matches). Publications whose manifest fails its checks (CompatID, block keys,
-        signature) are discarded and the next one is tried. None without any endpoint."""
+        matches), through the KVSP Index and/or prefix probing (``discovery``; ``endpoint``
+        probes that endpoint only). Publications whose manifest fails its checks (CompatID,
+        Block Keys, signature) are discarded and the next one is tried."""
+        if endpoint is None and self.discovery != "prefix":
+            pub = await self._first_usable(await self._index_publications(max_blocks))
+            if pub is not None or self.discovery == "index":
+                return pub
         if endpoint is None and not self.endpoints:
             return None
         ep = endpoint or self.endpoint
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
-            for pub in await self._publications_at(ep, n):
-                try:
-                    await self.manifest(pub, ep)
-                except (KvcsError, MoqtRequestError) as exc:
-                    self.discarded.append((pub, str(exc)))
-                    log.warning("discarding publication %s: %s",
-                                pub.namespace.publication_id.hex(), exc)
-                    continue
+            pub = await self._first_usable(await self._publications_at(ep, n))
+            if pub is not None:
                 return pub
             n -= 1
         return None
 
+    async def _first_usable(self, pubs: Sequence[Publication]) -> Publication | None:
+        for pub in pubs:
+            try:
+                await self.manifest(pub)
+            except (KvcsError, MoqtRequestError, ConnectionError) as exc:
+                self.discarded.append((pub, str(exc)))
+                log.warning("discarding publication %s: %s",
+                            pub.namespace.publication_id.hex(), exc)
+                continue
+            return pub
+        return None
+
     async def discover_all(self, max_blocks: int | None = None,
                            endpoint: Endpoint | None = None) -> list[Publication]:
-        """All publications of the longest prefix that has any (others first-found first)."""
+        """All publications of the longest prefix that has any (others first-found first);
+        with the KVSP Index, those it names covering the most blocks."""
+        if endpoint is None and self.discovery != "prefix":
+            pubs = await self._index_publications(max_blocks)
+            best = [p for p in pubs if p.prefix_blocks == pubs[0].prefix_blocks] if pubs else []
+            if best or self.discovery == "index":
+                return best
         if endpoint is None and not self.endpoints:
             return []
         ep = endpoint or self.endpoint
@@ -258,10 +351,14 @@ class KvConsumer:
     async def _publications_at(self, ep: Endpoint, n: int) -> list[Publication]:
         prefix = self._prefix(n)
         try:
-            watch = await ep.subscribe_namespace(prefix)
+            watch = await asyncio.wait_for(ep.subscribe_namespace(prefix),
+                                           self.recompute_budget_s)
         except MoqtRequestError as exc:
             if exc.code == RequestErrorCode.UNAUTHORIZED:
                 raise
+            return []
+        except TimeoutError:
+            log.warning("SUBSCRIBE_NAMESPACE unanswered for %.1f s", self.recompute_budget_s)
             return []
         out: list[Publication] = []
         try:
@@ -276,72 +373,116 @@ class KvConsumer:
                     kns = KvcsNamespace.from_fields(ns, hex_fields=self.hex_namespace)
                 except ValueError:
                     continue
-                out.append(Publication(kns, tuple(ns), n))
+                out.append(Publication(kns, tuple(ns), n, ep))
         finally:
             await watch.cancel()
         return out
 
+    async def _index_publications(self, max_blocks: int | None) -> list[Publication]:
+        """The publications the KVSP Index names for this prompt's Block Keys, those
+        covering the most blocks first. A publication covers blocks 0..n-1 when the index
+        names it for each of them; its namespace must be of this scope and CompatID."""
+        assert self.index is not None
+        keys = self.keys[:max_blocks] if max_blocks else self.keys
+        if not keys:
+            return []
+        try:
+            found = await asyncio.wait_for(
+                self.index.lookup(self.scope_id, self.compat_id, keys), self.recompute_budget_s)
+        except (KvcsError, TimeoutError) as exc:
+            log.warning("KVSP Index lookup failed: %s", exc or "timeout")
+            return []
+        named: dict[tuple[str, tuple[bytes, ...]], set[int]] = {}
+        for i, key in enumerate(keys):
+            for uri in found.get(key, ()):
+                if not uri.startswith("moqt://"):
+                    continue
+                try:
+                    relay, fields = parse_publication_uri(uri)
+                    kns = KvcsNamespace.from_fields(fields, hex_fields=self.hex_namespace)
+                except ValueError as exc:
+                    log.info("ignoring holder URI %s: %s", uri[:80], exc)
+                    continue
+                if kns.scope_id == self.scope_id and kns.compat_id == self.compat_id:
+                    named.setdefault((relay, fields), set()).add(i)
+        pubs: list[Publication] = []
+        for (relay, fields), blocks in named.items():
+            n = 0
+            while n in blocks:
+                n += 1
+            if n == 0:
+                continue
+            ep = await self._endpoint_for(relay)
+            if ep is None:
+                continue
+            kns = KvcsNamespace.from_fields(fields, hex_fields=self.hex_namespace)
+            if kns.anchor_key in keys[:n]:  # segment 0 within the prompt: hash-checked
+                pubs.append(Publication(kns, fields, keys.index(kns.anchor_key) + 1, ep))
+            else:  # a longer prefix: coverage rests on the index
+                pubs.append(Publication(kns, fields, n, ep, index_blocks=n))
+        pubs.sort(key=lambda p: -p.prefix_blocks)
+        return pubs
+
+    async def _endpoint_for(self, relay_url: str) -> Endpoint | None:
+        """An endpoint connected to ``relay_url``: one of ``endpoints`` with that authority,
+        one opened before, or a new one from ``connect`` (None without it)."""
+        target = urllib.parse.urlsplit(relay_url)
+        for ep in (*self.endpoints, *self._opened.values()):
+            info = ep.conn.info
+            if info is not None and info.authority == target.netloc and \
+                    not ep.conn.is_webtransport:
+                return ep
+        if self.connect is None:
+            log.info("the index names relay %s; no endpoint is connected to it (connect=)",
+                     relay_url)
+            return None
+        try:
+            ep = await asyncio.wait_for(self.connect(relay_url), self.recompute_budget_s)
+        except (ConnectionError, OSError, ValueError, TimeoutError) as exc:
+            log.warning("cannot connect to %s named by the index: %s", relay_url, exc)
+            return None
+        self._opened[relay_url] = ep
+        return ep
+
     # ------------------------------------------------------------------ manifest
 
     async def manifest(self, pub: Publication, endpoint: Endpoint | None = None) -> Manifest:
-        """Read and check the newest manifest of a publication (raises ManifestError or
-        SignatureError)."""
-        ep = endpoint or self.endpoint
-        blob, protected, signed = await self._manifest_blob(ep, pub)
-        return self._check_manifest(pub, blob, signed, protected)
+        """Read and check the current manifest of a publication (ManifestError,
+        SignatureError, MoqtRequestError), within ``recompute_budget_s``."""
+        track, m = await self._open_manifest(pub, endpoint)
+        await track.close()
+        return m
 
-    async def _manifest_blob(self, ep: Endpoint, pub: Publication) -> tuple[bytes, bool, bool]:
-        names = [(TrackName.manifest(cose=True).to_bytes(), True)]
-        if not self.require_signed:
-            names.append((TrackName.manifest(cose=False).to_bytes(), False))
-        last_exc: Exception | None = None
-        for name, signed in names:
-            try:
-                largest = await self._largest(ep, pub, name)
-            except MoqtRequestError as exc:
-                last_exc = exc
-                continue
-            if largest is None:
-                continue
-            res = await ep.fetch(pub.fields, name, location_filter=LocationFilter.absolute_range(
-                largest.group, 0, 0, 0))
-            objs = [o async for o in res if o.status == ObjectStatus.NORMAL]
-            if objs:
-                props = res.ok.track_properties if res.ok is not None else ()
-                return *self._open_manifest(pub, name, objs[-1], props), signed
-        if self.require_signed:
-            raise SignatureError("the publication has no signed manifest (manifest.cose)")
-        raise ManifestError(f"no manifest found ({last_exc})")
-
-    async def _largest(self, ep: Endpoint, pub: Publication, name: bytes) -> Location | None:
-        """Largest Object of a track: TRACK_STATUS, or (relays without TRACK_STATUS, e.g.
-        moq-dev/moq) the LARGEST_OBJECT of a SUBSCRIBE_OK that is cancelled at once."""
-        if self.relay_profile.track_status:
-            try:
-                status = await ep.track_status(pub.fields, name)
-                return status.params.largest_object
-            except MoqtRequestError as exc:
-                if exc.code != RequestErrorCode.NOT_SUPPORTED:
-                    raise
-                log.info("TRACK_STATUS refused (%s): using SUBSCRIBE_OK", exc)
-        sub = await ep.subscribe(pub.fields, name, location_filter=LocationFilter.next_object())
-        with contextlib.suppress(ConnectionError, KeyError, ValueError):
-            await sub.cancel()
-        return sub.largest
-
-    def _open_manifest(self, pub: Publication, name: bytes, obj: ReceivedObject,
-                       track_properties: Properties) -> tuple[bytes, bool]:
-        """A manifest object's payload and whether it was protected: decrypted when this
-        consumer holds content keys (it must then decrypt), else taken only in the clear
-        (:func:`~kvcs.kv.secure.open_object`; SecureObjectError otherwise)."""
-        payload = open_object(
-            self.secure, pub.fields, name, obj.group_id, obj.object_id, obj.payload,
-            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
-            properties=obj.properties)
-        return bytes(payload), self.secure is not None
+    async def _open_manifest(self, pub: Publication, endpoint: Endpoint | None = None,
+                             ) -> tuple[ManifestTrack, Manifest]:
+        """Subscribe to the manifest track and check its current version; the track stays
+        open for newer versions (the caller closes it)."""
+        ep = endpoint or self._source(pub)
+        track: ManifestTrack | None = None
+        try:
+            async with asyncio.timeout(self.recompute_budget_s):
+                track = await ManifestTrack.open(
+                    ep, pub.fields, require_signed=self.require_signed,
+                    retry_until=asyncio.get_running_loop().time() + self.recompute_budget_s,
+                    secure=self.secure)
+                blob = await track.next_version()
+                if blob is None:
+                    raise ManifestError("the manifest track ended without a version")
+                m = self._check_manifest(pub, blob, track.signed, track.protected)
+        except TimeoutError:
+            if track is not None:
+                await track.close()
+            raise ManifestError(f"no manifest version within {self.recompute_budget_s} s "
+                                "(recompute budget)") from None
+        except BaseException:
+            if track is not None:
+                await track.close()
+            raise
+        return track, m
 
     def _check_manifest(self, pub: Publication, blob: bytes, signed: bool,
                         protected: bool) -> Manifest:
+        """Check one manifest version (``protected``: it decrypted with the content keys)."""
         if signed:
             if self.keyring is None:
                 raise SignatureError("signed manifest but no keyring to verify it")
@@ -352,10 +493,27 @@ class KvConsumer:
         seg0 = m.segment(0)
         if seg0 is None:
             raise ManifestError("manifest has no segment 0")
-        if not segment_covers(seg0, self.keys):
+        if not self.covered_blocks(pub, seg0):
             raise ManifestError("block_keys_sha256 of segment 0 does not match this prompt")
         self.manifests[pub.fields] = m
+        self.stats.manifest_versions += 1
         return m
+
+    def covered_blocks(self, pub: Publication, segment: Segment) -> int:
+        """How many blocks of ``segment`` (from its first) are known to be this prompt's.
+
+        All of them when its ``block_keys_sha256`` equals the hash of the prompt's Block
+        Keys at the segment's blocks; none when it differs, or when the prompt ends inside
+        the segment (its keys cannot be checked), except for a publication the KVSP Index
+        named for the prompt's blocks (:attr:`Publication.index_blocks`, not with
+        ``require_signed``)."""
+        if segment_covers(segment, self.keys):
+            return segment.blocks
+        end = segment.first_block + segment.blocks
+        if (not self.require_signed and len(self.keys) < end
+                and pub.index_blocks > segment.first_block):
+            return min(segment.blocks, pub.index_blocks - segment.first_block)
+        return 0
 
     # ------------------------------------------------------------------ layers
 
@@ -369,40 +527,103 @@ class KvConsumer:
         manifest: Manifest | None = None,
         alternates: Sequence[Publication] = (),
     ) -> AsyncIterator[KvLayer]:
-        """Yield verified layers of ``segment`` in order.
+        """Yield verified layers of one ``segment`` in order (K and V of its blocks).
 
-        ``layers`` defaults to all; ``blocks`` (first n blocks) defaults to what both the
-        segment and this prompt cover. Live publications are subscribed (exactly once),
-        completed ones fetched. Raises :class:`RecomputeRequired` when blocks stay missing.
+        ``layers`` defaults to all; ``blocks`` (first n blocks) defaults to what the
+        segment covers of this prompt; ManifestError when it covers none of it
+        (:meth:`covered_blocks`). Raises :class:`RecomputeRequired` (block indexes within
+        the segment) when blocks stay missing. :meth:`prefix_layers` joins every segment.
         """
-        m = manifest or await self.manifest(pub)
-        seg = m.segment(segment)
-        if seg is None:
-            raise ManifestError(f"manifest has no segment {segment}")
-        mine = max(0, len(self.keys) - seg.first_block)
-        n = min(seg.blocks, mine if segment > 0 else seg.blocks)
-        if blocks is not None:
-            n = min(n, blocks)
-        if n <= 0:
+        track, m = await self._manifest_for(pub, manifest)
+        try:
+            seg = m.segment(segment)
+            if seg is None:
+                raise ManifestError(f"manifest has no segment {segment}")
+            n = self.covered_blocks(pub, seg)
+            if n == 0:
+                raise ManifestError(f"segment {segment} does not cover this prompt (its "
+                                    "block_keys_sha256 differs from this prompt's Block Keys, "
+                                    "or the prompt ends inside it)")
+            plan = [(seg, n if blocks is None else min(n, blocks))]
+            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
+                                              absolute=False):
+                yield layer
+        finally:
+            if track is not None:
+                await track.close()
+
+    async def prefix_layers(
+        self,
+        pub: Publication,
+        layers: range | None = None,
+        blocks: int | None = None,
+        *,
+        manifest: Manifest | None = None,
+        alternates: Sequence[Publication] = (),
+    ) -> AsyncIterator[KvLayer]:
+        """Yield verified layers of the whole prefix of this prompt that the publication
+        covers: every segment whose Block Keys are the prompt's, from segment 0 on, joined
+        in token order (one layer = K and V of all their blocks).
+
+        ``blocks`` limits it to the first n blocks. The segments are retrieved together;
+        layer l is yielded once every segment has it. Raises :class:`RecomputeRequired`
+        (block indexes within the prefix) when blocks stay missing.
+        """
+        track, m = await self._manifest_for(pub, manifest)
+        try:
+            plan = self.prefix_plan(pub, m, blocks)
+            if not plan and (blocks is None or blocks > 0):
+                raise ManifestError("the publication covers no block of this prompt")
+            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
+                                              absolute=True):
+                yield layer
+        finally:
+            if track is not None:
+                await track.close()
+
+    def prefix_plan(self, pub: Publication, manifest: Manifest,
+                    blocks: int | None = None) -> list[tuple[Segment, int]]:
+        """(segment, blocks of it) covering the longest prefix of this prompt, in token
+        order: segments that start where the previous one ended and cover the prompt
+        (:meth:`covered_blocks`), up to ``blocks`` blocks in all."""
+        plan: list[tuple[Segment, int]] = []
+        end = 0
+        limit = len(self.keys) if blocks is None else blocks
+        by_start = {s.first_block: s for s in manifest.segments}
+        while end < limit and (seg := by_start.get(end)) is not None:
+            n = min(self.covered_blocks(pub, seg), limit - end)
+            if n == 0:
+                break
+            plan.append((seg, n))
+            end += n
+            if n < seg.blocks:
+                break
+        return plan
+
+    async def _manifest_for(self, pub: Publication, manifest: Manifest | None,
+                            ) -> tuple[ManifestTrack | None, Manifest]:
+        if manifest is not None:
+            return None, manifest
+        return await self._open_manifest(pub)
+
+    async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
+                        layers: range | None, alternates: Sequence[Publication],
+                        track: ManifestTrack | None, *, absolute: bool,
+                        ) -> AsyncIterator[KvLayer]:
+        if not plan or plan[0][1] <= 0:
             return
-        run = _Retrieval(self, pub, m, seg, self._layer_range(layers), n)
+        run = _Retrieval(self, pub, m, plan, self._layer_range(layers), absolute)
         self.stats.started_at = time.perf_counter()
-        async for layer in run.run(alternates):
+        async for layer in run.run(alternates, track):
             if self.stats.first_layer_at is None:
                 self.stats.first_layer_at = time.perf_counter()
+            if self.on_progress is not None:
+                self.on_progress("layer", layer.index, run.layers.stop)
             yield layer
         self.stats.finished_at = time.perf_counter()
 
     def _layer_range(self, layers: range | None) -> range:
         return layers if layers is not None else range(self.descriptor.layers)
-
-    def _pop_ready(self, assembler: LayerAssembler) -> list[KvLayer]:
-        """The assembler's next complete layers, reported to ``on_progress``."""
-        out = assembler.pop_ready()
-        if self.on_progress is not None:
-            for layer in out:
-                self.on_progress("layer", layer.index, assembler.layers.stop)
-        return out
 
     # ------------------------------------------------------------------ HTTP (KVSP)
 
@@ -410,19 +631,19 @@ class KvConsumer:
                           blocks: int | None = None) -> AsyncIterator[KvLayer]:
         """Yield verified layers retrieved over KVSP HTTP only (no MOQT path).
 
-        Needs ``http``. The blocks are named by this prompt's own Block Keys (no manifest);
-        ``blocks`` limits them to the first n (default: every complete block of the
-        prompt). Each container is verified (layer digests, CompatID, Block Key, token
-        start) before use; a bad one counts as rejected and its block as missing. All
-        containers are fetched (``http.concurrency`` at a time) within
-        ``recompute_budget_s``, then the layers are yielded in order. Blocks no holder
-        delivered raise :class:`RecomputeRequired` naming them for every layer.
+        Needs ``http`` (or ``index``, whose lookups name holders). The blocks are named by
+        this prompt's own Block Keys (no manifest); ``blocks`` limits them to the first n
+        (default: every complete block of the prompt). Each container is verified (layer
+        digests, CompatID, Block Key, token start) before use; a bad one counts as rejected
+        and its block as missing. All containers are fetched (``http.concurrency`` at a
+        time) within ``recompute_budget_s``, then the layers are yielded in order. Blocks no
+        holder delivered raise :class:`RecomputeRequired` naming them for every layer.
 
         Without a manifest there is no producer signature, so a consumer with
         ``require_signed=True`` refuses (SignatureError): use :meth:`layers`, whose
         recovery checks HTTP blocks against the signed ``object_digests``.
         """
-        if self.http is None:
+        if self.http is None and self.index is None:
             raise ValueError("http_layers needs KvConsumer(http=KvspClient(...))")
         if self.require_signed:
             raise SignatureError("HTTP-only retrieval has no signed manifest to verify "
@@ -436,25 +657,38 @@ class KvConsumer:
         await self._http_fetch(assembler, range(n), time.monotonic() + self.recompute_budget_s)
         missing = assembler.missing()
         if missing:
-            raise RecomputeRequired(missing, 0, "blocks not available over HTTP")
-        for layer in self._pop_ready(assembler):
+            raise RecomputeRequired(missing, 0, "blocks not available over HTTP",
+                                    assembler.partial())
+        for layer in assembler.pop_ready():
             if self.stats.first_layer_at is None:
                 self.stats.first_layer_at = time.perf_counter()
+            if self.on_progress is not None:
+                self.on_progress("layer", layer.index, assembler.layers.stop)
             yield layer
         self.stats.finished_at = time.perf_counter()
 
     async def _http_fetch(self, assembler: LayerAssembler, blocks: Sequence[int],
                           deadline: float) -> None:
         """Fetch the containers of ``blocks`` (within the assembler's segment) from the
-        KVSP holders, ``http.concurrency`` at a time until ``deadline``, and give each to
-        the assembler, which verifies and places it."""
-        assert self.http is not None
+        KVSP holders (``http``, ``http.concurrency`` at a time), then the ones still
+        missing from the ``https://`` holders that the holders' and the index's lookup
+        answers name, until ``deadline``; the assembler verifies and places each."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._http_fetch_all(assembler, blocks), left)
+        except TimeoutError:
+            log.warning("KVSP retrieval stopped at the recompute budget")
+
+    async def _http_fetch_all(self, assembler: LayerAssembler, blocks: Sequence[int]) -> None:
         http = self.http
-        sem = asyncio.Semaphore(http.concurrency)
         limit = max_container_size(self.descriptor)
         failed: list[int] = []
+        missing: list[int] = []
 
-        async def one(block: int) -> None:
+        async def one(block: int, sem: asyncio.Semaphore) -> None:
+            assert http is not None
             index = assembler.first_block + block
             async with sem:
                 try:
@@ -464,134 +698,333 @@ class KvConsumer:
                     failed.append(index)
                     log.log(logging.WARNING if len(failed) == 1 else logging.INFO,
                             "KVSP retrieval of block %d failed: %s", index, exc)
-                    return
-            if data is None:
-                log.info("no KVSP holder has block %d", index)
-                return
-            assembler.accept_container(block, data)
+                    data = None
+            if data is None or not assembler.accept_container(block, data):
+                missing.append(block)
 
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        try:
-            await asyncio.wait_for(asyncio.gather(*(one(b) for b in blocks)), left)
-        except TimeoutError:
-            log.warning("KVSP retrieval stopped at the recompute budget")
+        if http is not None:
+            sem = asyncio.Semaphore(http.concurrency)
+            await asyncio.gather(*(one(b, sem) for b in blocks))
+        else:
+            missing = list(blocks)
+        if missing:
+            await self._http_follow(assembler, sorted(missing), limit)
+
+    async def _http_follow(self, assembler: LayerAssembler, blocks: list[int],
+                           limit: int) -> None:
+        """Ask the holders and the index which ``https://`` holders have ``blocks`` and
+        fetch each from the first one that delivers a container that verifies."""
+        clients = [c for c in (self.http, self.index) if c is not None]
+        if self.index is self.http:
+            clients = clients[:1]
+        keys = {assembler.block_key(b): b for b in blocks}
+        for client in clients:
+            if not keys:
+                return
+            try:
+                found = await client.lookup(self.scope_id, self.compat_id, list(keys))
+            except KvcsError as exc:
+                log.info("KVSP lookup failed: %s", exc)
+                continue
+            tried = tuple(u + "/" for u in (self.http.urls if self.http else ()))
+            sem = asyncio.Semaphore(client.concurrency)
+
+            async def follow(key: bytes, urls: list[str], client: KvspClient = client,
+                             sem: asyncio.Semaphore = sem) -> None:
+                for url in urls:
+                    async with sem:
+                        try:
+                            data = await client.get_url(url, max_bytes=limit)
+                        except KvcsError as exc:
+                            log.info("KVSP holder %s failed: %s", url[:80], exc)
+                            continue
+                    if data is not None and assembler.accept_container(keys[key], data):
+                        del keys[key]
+                        return
+
+            await asyncio.gather(*(
+                follow(key, [u for u in found.get(key, ())
+                             if u.startswith("https://") and not u.startswith(tried)])
+                for key in list(keys)))
+
+
+class _Progress:
+    """Wake-ups and the time of the last progress of one retrieval (all its segments)."""
+
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        """Set when a layer may have become ready, a feeder ended or a manifest arrived."""
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+
+    def made(self) -> None:
+        """Something was verified and placed: the no-progress clock restarts."""
+        self.last = self.loop.time()
 
 
 class _Retrieval:
-    """The I/O of one retrieval of a layer range of a segment: feeds every object of the
-    selected tracks to a :class:`LayerAssembler` and yields what it assembles, then
-    recovers what is missing (other endpoints, other publications, KVSP HTTP)."""
+    """The I/O of one retrieval of a layer range over one or more consecutive segments of
+    a publication: one :class:`_SegmentRun` per segment, their layers joined in token
+    order, the manifest followed while a segment is live, waits bounded by the budget,
+    then recovery of what is missing (other endpoints, other publications, KVSP HTTP)."""
 
     def __init__(self, consumer: KvConsumer, pub: Publication, manifest: Manifest,
-                 seg: Segment, layers: range, n: int) -> None:
+                 plan: list[tuple[Segment, int]], layers: range, absolute: bool) -> None:
         self.c = consumer
         self.pub = pub
         self.manifest = manifest
+        self.layers = layers
+        self.absolute = absolute
+        """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
+        self.progress = _Progress()
+        self.source = consumer._source(pub)
+        self.runs = [_SegmentRun(self, seg, n) for seg, n in plan]
+        self.next = layers.start
+        """The next layer to yield."""
+
+    @property
+    def done(self) -> bool:
+        return self.next >= self.layers.stop
+
+    def _ready(self) -> list[KvLayer]:
+        """The next layers every segment has, joined (one segment: as assembled)."""
+        for run in self.runs:
+            for layer in run.assembler.pop_ready():
+                run.popped[layer.index] = layer
+        out: list[KvLayer] = []
+        while not self.done and all(self.next in r.popped for r in self.runs):
+            parts = [r.popped.pop(self.next) for r in self.runs]
+            if len(parts) == 1:
+                out.append(parts[0])
+            else:
+                out.append(KvLayer(self.next, np.concatenate([p.k for p in parts]),
+                                   np.concatenate([p.v for p in parts]),
+                                   sum(p.blocks for p in parts)))
+            self.next += 1
+        return out
+
+    def _release_held(self) -> None:
+        """Place the held objects whose content key has arrived, give up those whose wait
+        ended (:meth:`LayerAssembler.release_held`)."""
+        for r in self.runs:
+            if r.assembler.release_held():
+                self.progress.made()
+
+    def _held_until(self) -> float | None:
+        """When the first held object of any segment gives up (``time.monotonic``)."""
+        return min((t for r in self.runs if (t := r.assembler.held_until) is not None),
+                   default=None)
+
+    async def run(self, alternates: Sequence[Publication],
+                  track: ManifestTrack | None) -> AsyncIterator[KvLayer]:
+        c = self.c
+        budget = c.recompute_budget_s
+        tasks: list[asyncio.Task[None]] = []
+        own_track = False
+        c._retrievals.add(self)
+        try:
+            for r in self.runs:
+                tasks += r.start(self.source)
+            if any(not seg.complete for seg in (r.seg for r in self.runs)):
+                if track is None:  # the caller gave a manifest: follow it ourselves
+                    with contextlib.suppress(KvcsError, MoqtRequestError, ConnectionError):
+                        track, _ = await c._open_manifest(self.pub, self.source)
+                        own_track = True
+                if track is not None:
+                    tasks.append(asyncio.create_task(self._follow_manifest(track)))
+            # transfer: wait while anything feeds or objects wait for their content key
+            # (until add_content_key or their key_wait_s), at most ``budget`` without progress
+            while True:
+                self._release_held()
+                for layer in self._ready():
+                    yield layer
+                held_until = self._held_until()
+                if self.done or (held_until is None and not any(r.feeding for r in self.runs)):
+                    break
+                left = self.progress.last + budget - self.progress.loop.time()
+                if left <= 0:
+                    log.warning("no progress for %.1f s (recompute budget): recovering", budget)
+                    break
+                if held_until is not None:
+                    left = min(left, max(0.0, held_until - time.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.progress.ready.wait(), left)
+                self.progress.ready.clear()
+            for layer in self._ready():
+                yield layer
+            if not self.done:
+                async for layer in self._recover(alternates, time.monotonic() + budget):
+                    yield layer
+            if not self.done:
+                raise self._recompute_required("objects missing or failed verification")
+        finally:
+            c._retrievals.discard(self)
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+            if own_track and track is not None:
+                await track.close()
+
+    async def _follow_manifest(self, track: ManifestTrack) -> None:
+        """Newer manifest versions: their ``object_digests`` check and (signed) confirm
+        layers, and a segment may have become complete."""
+        try:
+            while True:
+                try:
+                    blob = await track.next_version()  # decrypted when protected
+                    if blob is None:
+                        break
+                    m = self.c._check_manifest(self.pub, blob, track.signed, track.protected)
+                except (KvcsError, ValueError) as exc:
+                    log.warning("discarding manifest version: %s", exc)
+                    continue
+                self.manifest = m
+                for r in self.runs:
+                    r.assembler.use_manifest(m)
+                self.progress.made()
+                self.progress.ready.set()  # newly listed layers may now be confirmed
+        except (MoqtRequestError, ConnectionError) as exc:
+            log.info("manifest follow ended: %s", exc)
+
+    async def _recover(self, alternates: Sequence[Publication],
+                       deadline: float) -> AsyncIterator[KvLayer]:
+        """Retry the missing blocks from other sources until ``deadline``."""
+        c = self.c
+        eps = [e for e in c.endpoints if e is not self.source] + [self.source]
+        sources: list[tuple[Endpoint, Publication]] = [(e, self.pub) for e in eps]
+        if self.manifest.deterministic:
+            sources += [(e, p) for p in alternates for e in eps]
+        for src_ep, src_pub in sources:
+            if self.done or time.monotonic() > deadline:
+                break
+            alt: Manifest | None = None
+            if src_pub is not self.pub:
+                alt = await self._deterministic(src_ep, src_pub, deadline)
+                if alt is None:
+                    continue
+            c.stats.retries += 1
+            for r in self.runs:
+                missing = r.assembler.missing()
+                if missing and (alt is None or r.same_segment(alt)):
+                    log.info("recovering %d incomplete layer(s) of segment %d from %s",
+                             len(missing), r.seg.segment,
+                             src_pub.namespace.publication_id.hex()[:8])
+                    await r.recover(src_ep, src_pub, missing, deadline)
+            for layer in self._ready():
+                yield layer
+        if not self.done and (c.http is not None or c.index is not None) and \
+                time.monotonic() < deadline:
+            for r in self.runs:
+                await r.recover_http(deadline)
+            for layer in self._ready():
+                yield layer
+
+    async def _deterministic(self, ep: Endpoint, pub: Publication,
+                             deadline: float) -> Manifest | None:
+        """The manifest of an alternate publication whose objects may be combined with
+        ours (both manifests say ``deterministic``), else None."""
+        try:
+            m = await asyncio.wait_for(self.c.manifest(pub, ep),
+                                       max(0.0, deadline - time.monotonic()))
+        except (KvcsError, MoqtRequestError, ConnectionError, TimeoutError) as exc:
+            log.info("alternate publication unusable: %s", exc or "timeout")
+            return None
+        return m if m.deterministic and self.manifest.deterministic else None
+
+    def _recompute_required(self, reason: str) -> RecomputeRequired:
+        """What is still missing, per layer not yielded, with what was verified of it."""
+        missing: dict[int, list[int]] = {}
+        partial: dict[int, KvLayer] = {}
+        per_run = [(r, r.assembler.missing(), r.assembler.partial()) for r in self.runs]
+        for layer in range(self.next, self.layers.stop):
+            blocks: list[int] = []
+            parts: list[KvLayer | None] = []
+            for r, miss, part in per_run:
+                offset = r.seg.first_block if self.absolute else 0
+                got = r.popped.get(layer) or part.get(layer)
+                blocks += [offset + b for b in miss.get(layer, ())]
+                parts.append(got)
+            if blocks:
+                missing[layer] = blocks
+            if any(p is not None for p in parts):
+                partial[layer] = self._join(layer, parts)
+        return RecomputeRequired(missing, self.next - self.layers.start, reason, partial)
+
+    def _join(self, layer: int, parts: list[KvLayer | None]) -> KvLayer:
+        """One layer of every segment's part (zeros where a segment has nothing)."""
+        if len(parts) == 1 and parts[0] is not None:
+            return parts[0]
+        d = self.c.descriptor
+        ks, vs = [], []
+        for r, p in zip(self.runs, parts, strict=True):
+            rows = r.n * d.block_tokens
+            ks.append(p.k if p is not None else np.zeros((rows, *d.k_shape()[1:]), d.dtype))
+            vs.append(p.v if p is not None else np.zeros((rows, *d.v_shape()[1:]), d.dtype))
+        return KvLayer(layer, np.concatenate(ks), np.concatenate(vs),
+                       sum(r.n for r in self.runs))
+
+
+class _SegmentRun:
+    """The transfer of one segment of a :class:`_Retrieval`: feeds every object of its
+    selected tracks to a :class:`LayerAssembler` and recovers its missing blocks."""
+
+    def __init__(self, retrieval: _Retrieval, seg: Segment, n: int) -> None:
+        c = retrieval.c
+        self.r = retrieval
+        self.c = c
         self.seg = seg
         self.n = n
         self.assembler = LayerAssembler(
-            consumer.descriptor, layers, n, tracks=select_tracks(seg, consumer.codec),
-            first_block=seg.first_block, block_keys=consumer.keys,
-            require_signed=consumer.require_signed, secure=consumer.secure,
-            namespace=pub.fields, key_wait_s=consumer.key_wait_s, stats=consumer.stats)
-        self.assembler.use_manifest(manifest)
-        self.ready = asyncio.Event()
-        """Set when a layer may have become ready, or a feeder ended."""
+            c.descriptor, retrieval.layers, n, tracks=select_tracks(seg, c.codecs),
+            first_block=seg.first_block, block_keys=c.keys,
+            require_signed=c.require_signed, secure=c.secure, namespace=retrieval.pub.fields,
+            key_wait_s=c.key_wait_s, stats=c.stats)
+        self.assembler.use_manifest(retrieval.manifest)
         self.feeding = 0
         """Feeders (one per selected track) still running."""
+        self.popped: dict[int, KvLayer] = {}
+        """Layers assembled but not yet yielded (waiting for the other segments)."""
+
+    def start(self, ep: Endpoint) -> list[asyncio.Task[None]]:
+        """Start one feeder per selected track."""
+        retrieval = self.c.relay_profile.track_retrieval(self.seg.complete)
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
+                 for kind, track in self.assembler.tracks.items()]
+        self.feeding = len(tasks)
+        return tasks
+
+    def same_segment(self, m: Manifest) -> bool:
+        """``m`` (an alternate publication's manifest) has this segment with the same blocks
+        and our tracks, so its objects sit at the same Locations."""
+        other = m.segment(self.seg.segment)
+        return other is not None and other.first_block == self.seg.first_block and \
+            other.block_keys_sha256 == self.seg.block_keys_sha256 and \
+            all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
     def _take(self, kind: Component, obj: ReceivedObject, track_properties: Properties = (),
               pub: Publication | None = None) -> None:
         """Give one received object (of ``pub``, default this publication) to the
-        assembler; wake the loop if a layer completed. ``track_properties`` (of the
-        SUBSCRIBE_OK / FETCH_OK) give the priority an object inherits."""
+        assembler; note progress, wake the loop when a layer completed or the object waits
+        for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the
+        priority an object inherits (protected objects authenticate it)."""
         if obj.status != ObjectStatus.NORMAL:
             return
         outcome = self.assembler.accept(
             kind, obj.group_id, obj.object_id, obj.payload,
             publisher_priority=effective_priority(obj.publisher_priority, track_properties),
             properties=obj.properties,
-            namespace=None if pub is None or pub is self.pub else pub.fields)
-        if outcome is Outcome.LAYER_COMPLETE:
-            self.ready.set()
-
-    async def _woken(self) -> None:
-        """Wait until a layer may be ready, a feeder ended, a content key was added or a
-        held object's wait ends; then retry (or give up) the held objects."""
-        until = self.assembler.held_until
-        timeout = None if until is None else max(0.0, until - time.monotonic())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.ready.wait(), timeout)
-        self.ready.clear()
-        self.assembler.release_held()
+            namespace=None if pub is None or pub is self.r.pub else pub.fields)
+        if outcome is Outcome.HELD:
+            self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
+        elif outcome is Outcome.PLACED:
+            self.r.progress.made()
+        elif outcome is Outcome.LAYER_COMPLETE:
+            self.r.progress.made()
+            self.r.progress.ready.set()
 
     # -- transfer --------------------------------------------------------------------
-
-    async def run(self, alternates: Sequence[Publication]) -> AsyncIterator[KvLayer]:
-        asm = self.assembler
-        ep = self.c.endpoint
-        retrieval = self.c.relay_profile.track_retrieval(self.seg.complete)
-        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
-                 for kind, track in asm.tracks.items()]
-        self.feeding = len(tasks)
-        if asm.require_signed and not self.seg.complete:
-            tasks.append(asyncio.create_task(self._follow_manifest(ep)))
-        self.c._retrievals.add(self)
-        try:
-            while self.feeding and not asm.done:
-                await self._woken()
-                for layer in self.c._pop_ready(asm):
-                    yield layer
-            while asm.held_until is not None and not asm.done:  # their key, a bounded wait
-                await self._woken()
-                for layer in self.c._pop_ready(asm):
-                    yield layer
-            for layer in self.c._pop_ready(asm):
-                yield layer
-            # recovery of whatever is still missing
-            deadline = time.monotonic() + self.c.recompute_budget_s
-            eps = self.c.endpoints[1:] + self.c.endpoints[:1]  # another relay first
-            sources: list[tuple[Endpoint, Publication]] = [(e, self.pub) for e in eps]
-            if self.manifest.deterministic:
-                sources += [(e, p) for p in alternates for e in eps]
-            for src_ep, src_pub in sources:
-                missing = asm.missing()
-                if not missing or time.monotonic() > deadline:
-                    break
-                if src_pub is not self.pub and not await self._deterministic(src_ep, src_pub):
-                    continue
-                self.c.stats.retries += 1
-                log.info("recovering %d incomplete layer(s) from %s", len(missing),
-                         src_pub.namespace.publication_id.hex()[:8])
-                await self._recover(src_ep, src_pub, missing, deadline)
-                for layer in self.c._pop_ready(asm):
-                    yield layer
-            missing = asm.missing()
-            if missing and self.c.http is not None and time.monotonic() < deadline:
-                await self._recover_http(missing, deadline)
-                for layer in self.c._pop_ready(asm):
-                    yield layer
-                missing = asm.missing()
-            if missing:
-                raise RecomputeRequired(missing, asm.yielded,
-                                        "objects missing or failed verification")
-        finally:
-            self.c._retrievals.discard(self)
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
-
-    async def _deterministic(self, ep: Endpoint, pub: Publication) -> bool:
-        try:
-            m = await self.c.manifest(pub, ep)
-        except (KvcsError, MoqtRequestError) as exc:
-            log.info("alternate publication unusable: %s", exc)
-            return False
-        return m.deterministic and self.manifest.deterministic
 
     def _fetch_params(self, ep: Endpoint, blocks: Sequence[int] | None = None,
                       ) -> tuple[RangeFilter, ...]:
@@ -610,16 +1043,17 @@ class _Retrieval:
             return ()
         if len(ranges) > limit:
             ranges = [(wanted[0], wanted[-1])]
-        return (RangeFilter(OBJECTID_FILTER, 0, tuple(ranges)),)
+        return (RangeFilter(PARAM_OBJECTID_FILTER, 0, tuple(ranges)),)
 
     async def _feed(self, ep: Endpoint, kind: Component, name: str,
                     retrieval: TrackRetrieval) -> None:
+        pub = self.r.pub
         try:
             if retrieval is TrackRetrieval.FETCH:
-                await self._fetch_layers(ep, self.pub, kind, name, self.assembler.layers)
+                await self._fetch_layers(ep, pub, kind, name, self.assembler.layers)
             elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
                 sub = await ep.subscribe(
-                    self.pub.fields, name.encode(),
+                    pub.fields, name.encode(),
                     location_filter=LocationFilter.next_object(),
                     fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
                     priority=0)
@@ -635,7 +1069,7 @@ class _Retrieval:
             log.warning("retrieval of %s failed: %s", name, exc)
         finally:
             self.feeding -= 1
-            self.ready.set()
+            self.r.progress.ready.set()
 
     async def _follow_current_group(self, ep: Endpoint, kind: Component, name: str) -> None:
         """A track behind a relay that fills only inside the current group: SUBSCRIBE
@@ -643,8 +1077,9 @@ class _Retrieval:
         layer before the current one, while the subscription runs. Overlaps are harmless
         (duplicates are dropped); nothing is missed: the fill and the live part cover
         {Largest.Group, 0} onwards, the FETCHes everything before."""
+        pub = self.r.pub
         sub = await ep.subscribe(
-            self.pub.fields, name.encode(),
+            pub.fields, name.encode(),
             location_filter=LocationFilter.next_object(),
             fill=Parameters(location_filter=LocationFilter.relative_start(1)),
             priority=0)
@@ -658,7 +1093,7 @@ class _Retrieval:
             largest = sub.largest
             if largest is not None:
                 past = [g for g in self.assembler.layers if g < largest.group]
-                await self._fetch_layers(ep, self.pub, kind, name, past)
+                await self._fetch_layers(ep, pub, kind, name, past)
             await live
         finally:
             live.cancel()
@@ -693,8 +1128,11 @@ class _Retrieval:
         async for obj in res:
             self._take(kind, obj, props, pub)
 
-    async def _recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
-                       deadline: float) -> None:
+    # -- recovery --------------------------------------------------------------------
+
+    async def recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
+                      deadline: float) -> None:
+        """FETCH the missing blocks of each selected track from ``ep`` until ``deadline``."""
         layers = sorted(missing)
         blocks = sorted({b for bs in missing.values() for b in bs})
         for kind, track in self.assembler.tracks.items():
@@ -706,44 +1144,18 @@ class _Retrieval:
                 await asyncio.wait_for(
                     self._fetch_layers(ep, pub, kind, name, layers, blocks), left)
             except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
-                log.info("recovery fetch of %s failed: %s", name, exc)
+                log.info("recovery fetch of %s failed: %s", name, exc or "timeout")
 
-    async def _recover_http(self, missing: dict[int, list[int]], deadline: float) -> None:
+    async def recover_http(self, deadline: float) -> None:
         """Fetch the containers of the missing blocks from the KVSP HTTP holders; the
         assembler places them in the layers that miss them (KVCS "Verification and
         Recovery")."""
         asm = self.assembler
-        if not asm.containers_usable:
-            log.info("HTTP recovery skipped: signed digests of %s tracks",
-                     "/".join(sorted({t.codec or "" for t in asm.tracks.values()})))
-            return
+        missing = asm.missing()
         blocks = asm.container_blocks(missing)
         if not blocks:
             return
         self.c.stats.retries += 1
-        log.info("recovering %d block(s) of %d layer(s) over KVSP HTTP", len(blocks),
-                 len(missing))
+        log.info("recovering %d block(s) of %d layer(s) of segment %d over KVSP HTTP",
+                 len(blocks), len(missing), self.seg.segment)
         await self.c._http_fetch(asm, blocks, deadline)
-
-    async def _follow_manifest(self, ep: Endpoint) -> None:
-        """Follow newer manifest versions (their object_digests confirm layers)."""
-        name = TrackName.manifest(cose=True).to_bytes()
-        try:
-            sub = await ep.subscribe(self.pub.fields, name,
-                                     location_filter=LocationFilter.next_object(),
-                                     fill=Parameters(location_filter=LocationFilter.relative_start(1)))
-            async for obj in sub:
-                if obj.status != ObjectStatus.NORMAL:
-                    continue
-                try:
-                    blob, protected = self.c._open_manifest(self.pub, name, obj,
-                                                            sub.track_properties)
-                    m = self.c._check_manifest(self.pub, blob, True, protected)
-                except (KvcsError, ValueError) as exc:
-                    log.warning("discarding manifest version: %s", exc)
-                    continue
-                self.manifest = m
-                self.assembler.use_manifest(m)
-                self.ready.set()  # newly listed layers may now be confirmed
-        except (MoqtRequestError, ConnectionError) as exc:
-            log.info("manifest follow ended: %s", exc)

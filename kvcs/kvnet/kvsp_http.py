@@ -1,4 +1,5 @@
-"""KVSP HTTP retrieval and index (profile section 8): the fallback path of KVCS.
+"""KVSP HTTP retrieval and index (profile section 8): the fallback path of KVCS, and
+discovery through a KVSP Index.
 
 Routes (HTTPS, ``Authorization: Bearer <token>``, identifiers in lowercase hex)::
 
@@ -6,13 +7,22 @@ Routes (HTTPS, ``Authorization: Bearer <token>``, identifiers in lowercase hex):
          -> 200 application/vnd.kvsp.container | 400 | 403 | 404
     POST /kvsp/v1/{scope_id}/lookup   {"compat": hex, "block_keys": [hex, ...]}
          -> 200 {"replicas": [{"block_key": hex, "holders": [uri, ...]}, ...]}
+    POST /kvsp/v1/{scope_id}/replicas {"compat": hex, "block_keys": [hex, ...],
+                                       "holder": uri, "ttl": seconds}
+         -> 200 {"registered": n} | 400 | 403 | 413 | 503 (index full)
 
-:class:`KvspServer` serves a :class:`~kvcs.kv.store.BlockStore`; :class:`KvspClient`
-retrieves containers from one or more holders. A token is valid for a request when the
-:class:`~kvcs.auth.Authorizer` lets it *subscribe* to ``("kvcs-1", ScopeID,
-CompatID)``, in the raw or the hex namespace encoding (so a relay's auth file serves both).
-The client only transports bytes; the consumer verifies every container
-(:func:`~kvcs.kv.container.read_container`) before using it.
+:class:`KvspServer` serves a :class:`~kvcs.kv.store.BlockStore` and is a KVSP Index: a
+lookup answers the ``https://`` URL of each block it stores and the holder URIs registered
+for it (``moqt://`` publications, other ``https://`` holders; :mod:`kvcs.kv.index`), until
+they expire. Registering ("replicas", kvcs's own route: the profile does not say how
+records get into an index) needs a token that may *publish* to ``("kvcs-1", ScopeID,
+CompatID)``; reading needs one that may *subscribe*, in the raw or the hex namespace
+encoding (so a relay's auth file serves both). Expired containers and records are swept
+every ``sweep_interval`` seconds.
+
+:class:`KvspClient` retrieves containers from one or more holders, asks them for replica
+records and registers publications. It only transports bytes; the consumer verifies every
+container (:func:`~kvcs.kv.container.read_container`) before using it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import contextlib
 import json
 import logging
 import ssl
+import time
+import urllib.parse
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -29,8 +41,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..auth import SUBSCRIBE, Authorizer, parse_field
+from ..auth import PUBLISH, SUBSCRIBE, Authorizer, parse_field
 from ..kv.errors import KvcsError
+from ..kv.index import MAX_URI_LENGTH, IndexFullError, ReplicaIndex, parse_publication_uri
 from ..kv.store import SCOPE_ID_SIZE, BlockStore, parse_hex_id
 from ..transport.certs import parse_fingerprint
 
@@ -38,6 +51,7 @@ __all__ = [
     "CONTENT_TYPE",
     "MAX_LOOKUP_BODY",
     "MAX_LOOKUP_KEYS",
+    "MAX_TTL",
     "KvspClient",
     "KvspError",
     "KvspServer",
@@ -53,6 +67,8 @@ MAX_LOOKUP_KEYS = 4096
 _PREFIX = "/kvsp/v1"
 #: Largest lookup request body (4096 keys with generous whitespace); larger ones get 413.
 MAX_LOOKUP_BODY = 512 * 1024
+#: Longest lifetime (seconds) of a registered replica record: one week.
+MAX_TTL = 7 * 24 * 3600
 
 
 class KvspError(KvcsError):
@@ -62,6 +78,16 @@ class KvspError(KvcsError):
 def block_path(scope: bytes, compat: bytes, block_key: bytes) -> str:
     """The path of a block's container: ``/kvsp/v1/{scope}/{compat}/blocks/{key}``."""
     return f"{_PREFIX}/{scope.hex()}/{compat.hex()}/blocks/{block_key.hex()}"
+
+
+def holder_base(url: str) -> str:
+    """``https://host[:port]`` of a holder URL (ValueError for anything else than https
+    with a host and at most ``/`` as path, no query or fragment)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname or parts.path not in ("", "/") or \
+            parts.query or parts.fragment:
+        raise ValueError(f"holder URL must be https://host[:port]: {url[:80]!r}")
+    return f"https://{parts.netloc}"
 
 
 def _bearer(request: web.Request) -> list[bytes]:
@@ -92,8 +118,12 @@ class KvspServer:
 
     def __init__(self, store: BlockStore, *, authorizer: Authorizer, certfile: str,
                  keyfile: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                 public_url: str | None = None) -> None:
+                 public_url: str | None = None, index: ReplicaIndex | None = None,
+                 sweep_interval: float = 60.0) -> None:
         self.store = store
+        self.index = index if index is not None else ReplicaIndex()
+        """The replica records registered with this holder (KVSP Index)."""
+        self.sweep_interval = sweep_interval
         self.authorizer = authorizer
         self.host = host
         self.port = port
@@ -103,7 +133,9 @@ class KvspServer:
         self.app = web.Application(client_max_size=MAX_LOOKUP_BODY)
         self.app.router.add_get(_PREFIX + "/{scope}/{compat}/blocks/{key}", self._get)
         self.app.router.add_post(_PREFIX + "/{scope}/lookup", self._lookup)
+        self.app.router.add_post(_PREFIX + "/{scope}/replicas", self._register)
         self._runner: web.AppRunner | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -125,10 +157,26 @@ class KvspServer:
             raise
         self._runner = runner
         self.port = int(runner.addresses[0][1])
+        self._sweeper = asyncio.create_task(self._sweep())
         log.info("KVSP holder serving %s on %s", self.store.root, self.url)
+
+    async def _sweep(self) -> None:
+        """Remove expired containers and replica records, every ``sweep_interval`` s."""
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                await asyncio.to_thread(self.store.remove_expired)
+            except OSError as exc:
+                log.warning("sweeping %s: %s", self.store.root, exc)
+            self.index.expire(time.time())
 
     async def aclose(self) -> None:
         """Stop serving and close every connection."""
+        if self._sweeper is not None:
+            sweeper, self._sweeper = self._sweeper, None
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -143,10 +191,11 @@ class KvspServer:
 
     # -- handlers ----------------------------------------------------------------------
 
-    def _authorize(self, request: web.Request, scope: bytes, compat: bytes) -> None:
+    def _authorize(self, request: web.Request, scope: bytes, compat: bytes,
+                   action: str = SUBSCRIBE) -> None:
         tokens = _bearer(request)
         for fields in ((scope, compat), (scope.hex().encode(), compat.hex().encode())):
-            if self.authorizer.allowed(tokens, SUBSCRIBE, (b"kvcs-1", *fields)):
+            if self.authorizer.allowed(tokens, action, (b"kvcs-1", *fields)):
                 return
         log.info("refused %s %s: token not valid for scope %s", request.method,
                  request.path, scope.hex())
@@ -166,7 +215,9 @@ class KvspServer:
             raise web.HTTPNotFound(text="unknown block\n")
         return web.Response(body=data, content_type=CONTENT_TYPE)
 
-    async def _lookup(self, request: web.Request) -> web.Response:
+    async def _keys_request(self, request: web.Request) -> tuple[bytes, bytes, list[bytes],
+                                                                  dict[str, Any]]:
+        """(scope, compat, block keys, body) of a lookup or registration; 400 if malformed."""
         try:
             scope = parse_hex_id(request.match_info["scope"], SCOPE_ID_SIZE, "Scope ID")
             body = json.loads(await request.read())
@@ -177,17 +228,55 @@ class KvspServer:
             if not isinstance(names, list):
                 raise ValueError("block_keys must be a list")
             if len(names) > MAX_LOOKUP_KEYS:
-                raise ValueError(f"at most {MAX_LOOKUP_KEYS} block_keys per lookup")
+                raise ValueError(f"at most {MAX_LOOKUP_KEYS} block_keys per request")
             keys = [parse_hex_id(k, 32, "block key") for k in names]
         except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError included
             raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        return scope, compat, list(dict.fromkeys(keys)), body
+
+    async def _lookup(self, request: web.Request) -> web.Response:
+        scope, compat, keys, _ = await self._keys_request(request)
         self._authorize(request, scope, compat)
-        keys = list(dict.fromkeys(keys))
         held = await asyncio.to_thread(
             lambda: [k for k in keys if self.store.has(scope, compat, k)])
-        return web.json_response({"replicas": [
-            {"block_key": k.hex(), "holders": [self.url + block_path(scope, compat, k)]}
-            for k in held]})
+        now = time.time()
+        own = set(held)
+        replicas = []
+        for k in keys:
+            holders = [self.url + block_path(scope, compat, k)] if k in own else []
+            holders += [h for h in self.index.holders(scope, compat, k, now) if h not in holders]
+            if holders:
+                replicas.append({"block_key": k.hex(), "holders": holders})
+        return web.json_response({"replicas": replicas})
+
+    async def _register(self, request: web.Request) -> web.Response:
+        scope, compat, keys, body = await self._keys_request(request)
+        try:
+            holder = body.get("holder")
+            ttl = body.get("ttl", 3600)
+            if not isinstance(holder, str) or len(holder) > MAX_URI_LENGTH:
+                raise ValueError(f"holder must be a URI of at most {MAX_URI_LENGTH} characters")
+            if holder.startswith("moqt://"):
+                parse_publication_uri(holder)
+                base = None
+            else:
+                base = holder_base(holder)
+            if isinstance(ttl, bool) or not isinstance(ttl, int | float) or \
+                    not 0 < ttl <= MAX_TTL:
+                raise ValueError(f"ttl must be a number of seconds in (0, {MAX_TTL}]")
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        self._authorize(request, scope, compat, PUBLISH)
+        expires_at = time.time() + float(ttl)
+        try:
+            for k in keys:
+                uri = holder if base is None else base + block_path(scope, compat, k)
+                self.index.register(scope, compat, k, uri, expires_at)
+        except IndexFullError as exc:
+            raise web.HTTPServiceUnavailable(text=f"{exc}\n") from None
+        log.info("registered %s for %d block(s) of scope %s for %d s", holder[:80],
+                 len(keys), scope.hex(), ttl)
+        return web.json_response({"registered": len(keys)})
 
 
 class KvspClient:
@@ -300,6 +389,44 @@ class KvspClient:
         if failure is not None:
             raise KvspError(failure)
         return None
+
+    async def get_url(self, url: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The container at ``url``, an ``https://`` block URL learned from a lookup answer
+        (unverified), with this client's token and TLS settings; None on 404, KvspError on
+        any other failure or a URL that is not https."""
+        if not url.startswith("https://"):
+            raise KvspError(f"not an https:// holder URL: {url[:80]!r}")
+        status, body = await self._request("GET", url, max_bytes or self.max_bytes)
+        if status == 200:
+            return body
+        if status == 404:
+            return None
+        raise KvspError(f"GET {url}: HTTP {status}")
+
+    async def register(self, scope: bytes, compat: bytes, block_keys: Sequence[bytes],
+                       holder: str, ttl: float) -> None:
+        """Register ``holder`` (a ``moqt://`` publication URI, or a holder's
+        ``https://host:port``) for ``block_keys`` with every index this client knows, for
+        ``ttl`` seconds. Raises :class:`KvspError` when no index accepted it."""
+        accepted = 0
+        failure = "no index"
+        for i in range(0, max(len(block_keys), 1), MAX_LOOKUP_KEYS):
+            body = {"compat": compat.hex(), "holder": holder, "ttl": ttl,
+                    "block_keys": [k.hex() for k in block_keys[i: i + MAX_LOOKUP_KEYS]]}
+            for base in self.urls:
+                url = f"{base}{_PREFIX}/{scope.hex()}/replicas"
+                try:
+                    status, _ = await self._request("POST", url, 1 << 16, json=body)
+                except KvspError as exc:
+                    failure = str(exc)
+                    continue
+                if status != 200:
+                    failure = f"POST {url}: HTTP {status}" + (
+                        " (token may not publish in this scope)" if status == 403 else "")
+                    continue
+                accepted += 1
+        if not accepted:
+            raise KvspError(failure)
 
     async def lookup(self, scope: bytes, compat: bytes,
                      block_keys: Sequence[bytes]) -> dict[bytes, list[str]]:

@@ -37,7 +37,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -87,6 +87,15 @@ class PublishTarget(Protocol):
     async def drain(self, limit: int = ...) -> None: ...
 
 
+@runtime_checkable
+class HandOverTarget(PublishTarget, Protocol):
+    """A target that can make its peer, a relay, hold a publication complete so that the
+    publisher may leave (:meth:`kvcs.endpoint.Endpoint.hand_over`; raises a
+    ConnectionError when the relay does not confirm)."""
+
+    async def hand_over(self, namespace: TrackNamespace, timeout: float = ...) -> None: ...
+
+
 class PublicationError(KvcsError):
     """The publication cannot continue (bad input, size limits, wrong order)."""
 
@@ -107,7 +116,11 @@ class PublisherOptions:
     End of Track after its last layer (the KVCS mapping). Set it to False behind relays that
     forget a track once its upstream subscription ends, which makes earlier groups of a
     completed track unfetchable (moq-dev/moq); the manifest's ``complete`` still marks the
-    end.
+    end. ``hand_over_s``: :meth:`KvPublisher.finish` also waits, at most this many seconds,
+    until the relay holds every track of the publication complete (the target must be a
+    :class:`HandOverTarget`, an Endpoint connected to a kvcs relay), so the publisher may
+    leave right after: the relay keeps the publication until MAX_CACHE_DURATION
+    (docs/relay.md, "Publish and go"). None: finish() does not wait for the relay.
 
     ``secure``: protect every data track and the manifest end to end with these content
     keys (MOQT Secure Objects; the current key encrypts, :meth:`KvPublisher.use_content_key`
@@ -129,6 +142,7 @@ class PublisherOptions:
     drain_limit: int = 8 << 20
     publication_id: bytes | None = None
     data_end_of_track: bool = True
+    hand_over_s: float | None = None
     secure: SecureObjects | None = None
     secure_in_band: bool = False
 
@@ -467,7 +481,8 @@ class KvPublisher:
         self.endpoint.publish(track, group, 1, b"", status=ObjectStatus.END_OF_GROUP, priority=0)
 
     async def finish(self) -> None:
-        """End the manifest track (the publication is complete) and flush."""
+        """End the manifest track (the publication is complete) and flush; with
+        ``options.hand_over_s``, also wait until the relay holds it complete."""
         self._check_ok()
         if any(not s.complete for s in self._segments):
             raise PublicationError("finish() before every segment has all its layers")
@@ -476,6 +491,14 @@ class KvPublisher:
             g = self._manifest_version - 1
             self.endpoint.publish(track, g, 2, b"", status=ObjectStatus.END_OF_TRACK, priority=0)
         await self.endpoint.drain(0)
+        if self.options.hand_over_s is not None:
+            if not isinstance(self.endpoint, HandOverTarget):
+                raise PublicationError("hand_over_s needs an endpoint connected to a relay")
+            try:
+                await self.endpoint.hand_over(self.fields, self.options.hand_over_s)
+            except ConnectionError as exc:
+                raise PublicationError(f"the relay did not take the publication over: "
+                                       f"{exc}") from exc
 
     def withdraw(self) -> None:
         """Withdraw the namespace (the relay keeps completed tracks in its cache)."""

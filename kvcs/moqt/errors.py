@@ -1,8 +1,10 @@
-"""Error and status code registries of MOQT draft-22 and the one codec exception.
+"""Error and status code registries of MOQT draft-22, and the session's two exceptions.
 
-Every malformed input the codec meets raises :class:`ProtocolError`, carrying the
-session-termination code the draft names and a readable reason. The session layer turns
-it into a session close (or, where the draft says so, a REQUEST_ERROR).
+Every malformed or forbidden input from the peer raises :class:`ProtocolError`, carrying
+the session-termination code the draft names and a readable reason. The session layer
+turns it into a session close (or, where the draft says so, a REQUEST_ERROR). A call the
+application makes that the session cannot honour (unknown request, wrong state, wrong
+side) raises :class:`SessionUsageError` and changes nothing.
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class ProtocolError(Exception):
         super().__init__(f"{_code_name(code)}: {reason}")
         self.code = int(code)
         self.reason = reason
+
+
+class SessionUsageError(ValueError):
+    """The application asked the session for something it cannot do now: an unknown or
+    finished request, a message its side may not send in the request's state, a closed
+    session. Nothing was sent. (A ValueError, so older ``except ValueError`` still work.)
+    """
 
 
 def _code_name(code: int) -> str:

@@ -29,6 +29,7 @@ from .errors import PublishDoneCode, RequestErrorCode, StreamResetCode
 from .session import Session
 from .track import CachedObject, Track
 from .wire import (
+    END_OF_UNKNOWN_RANGE,
     MAX_VI64,
     PARAM_OBJECT_PROPERTY_FILTER,
     PARAM_OBJECTID_FILTER,
@@ -129,6 +130,7 @@ class _Cursor:
     groups: list[int] | None = None  # descending: remaining groups
     blocked: bool = False  # waiting for the stream to drain (write window)
     prio_group: int = -1  # group whose priority the stream currently carries
+    unknown: Location | None = None  # aged-out objects passed over up to here: to report
 
 
 @dataclass(slots=True)
@@ -150,7 +152,9 @@ class TrackServer:
     """Serves tracks on one session; see the module docstring."""
 
     def __init__(self, session: Session, max_filter_ranges: int | None = None, *,
-                 on_request_ended: Callable[[int], None] | None = None) -> None:
+                 on_request_ended: Callable[[int], None] | None = None,
+                 can_fill: Callable[[int, int, Location, Location], bool] | None = None,
+                 ) -> None:
         self.session = session
         self.max_filter_ranges = (session.config.max_filter_ranges
                                   if max_filter_ranges is None else max_filter_ranges)
@@ -160,7 +164,7 @@ class TrackServer:
         self._blocked: dict[int, _Cursor] = {}  # stream id -> cursor waiting to write
         self.objects_sent = 0
         self.bytes_sent = 0
-        self.fill_handler: Callable[[int, int, Location, Location], bool] | None = None
+        self._can_fill = can_fill
         """Optional check called as (subscription request id, fill id, start, end) before a
         fill starts; returning False means the fill cannot be served: the fill stream is
         opened and reset right after its FETCH_HEADER (digest 6.2, a MUST in d22)."""
@@ -239,7 +243,10 @@ class TrackServer:
                                        "range starts after the Largest Object")
             return False
         start, end = rng
-        end_of_track = track.end_of_track is not None and end >= track.end_of_track
+        # a relay that pulled a finished track learns its end from PUBLISH_DONE only (fetch
+        # streams carry no End of Track): complete, its Largest Object is the final one
+        end_of_track = (track.end_of_track is not None and end >= track.end_of_track) or (
+            track.complete and track.largest is not None and end >= track.largest)
         report_end = self._report_end(track, end)
         self.session.fetch_ok(request_id, report_end, end_of_track,
                               track.properties if p.include_properties != 0 else ())
@@ -353,6 +360,11 @@ class TrackServer:
         """Number of live subscriptions and fetches being served."""
         return len(self._subs) + len(self._fetches)
 
+    @property
+    def fetching(self) -> int:
+        """Number of fetches being served."""
+        return len(self._fetches)
+
     # ------------------------------------------------------------- ranges
 
     @staticmethod
@@ -404,8 +416,8 @@ class TrackServer:
         filters = fill.range_filters or sub.filters
         sid = self.session.open_fetch_stream(sub.request_id, fill_id, track.default_priority,
                                              start.group)
-        if self.fill_handler is not None and not self.fill_handler(sub.request_id, fill_id,
-                                                                   start, end):
+        if self._can_fill is not None and not self._can_fill(sub.request_id, fill_id,
+                                                             start, end):
             self.session.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
             return
         cur = self._cursor(sub.request_id, sid, track, start, end, descending, filters,
@@ -527,34 +539,9 @@ class TrackServer:
 
     @staticmethod
     def _live_complete(sub: _Subscription) -> bool:
-        """True when every Location from the subscription start to End of Track is known.
-
-        Origin tracks are written in order; a cached (relay) track may learn End of Track
-        while earlier objects are still in flight on other streams.
-        """
+        """True when every Location from the subscription start to End of Track is known."""
         t = sub.track
-        if t.origin or t.complete:
-            return True
-        eot = t.end_of_track
-        if eot is None:
-            return False
-        if t.settled_until is not None and t.settled_until >= eot:
-            return True
-        start = sub.start
-        for g in range(start.group, eot.group + 1):
-            lo = start.object if g == start.group else 0
-            if g == eot.group:
-                hi = eot.object
-            elif t.group_closed(g) and lo == 0:
-                continue
-            else:
-                end = t.group_end(g)
-                if end is None:
-                    return False
-                hi = end
-            if not all(t.is_settled(Location(g, o)) for o in range(lo, hi)):
-                return False
-        return True
+        return t.origin or t.complete or t.known_until_end(sub.start)
 
     def _track_ended(self, sub: _Subscription) -> None:
         if not self._live_complete(sub):
@@ -576,13 +563,18 @@ class TrackServer:
     # ------------------------------------------------------------- cursors
 
     def _pump(self, cur: _Cursor) -> None:
-        """Send what the track can give in order; stop where status is unknown."""
+        """Send what the track can give in order; stop where status is unknown.
+
+        Objects that aged out (MAX_CACHE_DURATION) existed but cannot be served: they are
+        reported with End of Unknown Range, never as a gap (a gap says "does not exist").
+        """
         if cur.done or cur.blocked:
             return
         s = self.session
         track = cur.track
         end = cur.end
         window = s.config.write_window
+        cutoff = track.expiry_cutoff()
         written = 0
         while True:
             g = cur.group
@@ -591,20 +583,25 @@ class TrackServer:
             hi = Location(g, end.object if g == end.group else MAX_VI64)
             lo = Location(g, cur.obj)
             for obj in track.objects(lo, hi):
-                if obj.object_id != cur.obj and not self._gap_known(track, g, cur.obj):
-                    return  # wait for the missing object
+                if obj.object_id != cur.obj:
+                    if not self._gap_known(track, g, cur.obj):
+                        return  # wait for the missing object
+                    self._note_gone(cur, g, obj.object_id - 1)
                 cur.obj = obj.object_id + 1
                 if obj.status != ObjectStatus.NORMAL:
                     continue  # fetch streams carry no status objects
+                if cutoff is not None and obj.arrived < cutoff:
+                    cur.unknown = obj.location  # aged out, not dropped yet
+                    continue
                 if not passes_range_filters(obj, cur.filters):
                     continue
                 if cur.prio_group != g:
                     # a fetch stream carries many groups: it takes each group's priority
                     cur.prio_group = g
                     s.reprioritize(cur.stream_id, obj.publisher_priority, g)
-                if not s.write_fetch_object(cur.stream_id, obj.group_id, obj.subgroup_id,
-                                            obj.object_id, obj.publisher_priority,
-                                            obj.payload, obj.properties or None):
+                if not self._write_unknown(cur) or not s.write_fetch_object(
+                        cur.stream_id, obj.group_id, obj.subgroup_id, obj.object_id,
+                        obj.publisher_priority, obj.payload, obj.properties or None):
                     cur.done = True
                     self._cursor_finished(cur)
                     return
@@ -621,6 +618,8 @@ class TrackServer:
                     break  # the last group of an ascending range is done
             elif not self._gap_known(track, g, cur.obj):
                 return  # the rest of this group is not known yet
+            else:
+                self._note_gone(cur, g, hi.object)
             # move to the next group
             if cur.descending:
                 assert cur.groups is not None
@@ -645,8 +644,26 @@ class TrackServer:
             cur.group = nxt
             cur.obj = 0
         cur.done = True
-        s.end_data_stream(cur.stream_id)
+        if self._write_unknown(cur):
+            s.end_data_stream(cur.stream_id)
         self._cursor_finished(cur)
+
+    @staticmethod
+    def _note_gone(cur: _Cursor, group: int, last: int) -> None:
+        """Objects ``cur.obj``..``last`` of ``group`` are passed over: if some of them aged
+        out, an End of Unknown Range must cover them."""
+        gone = cur.track.last_gone(group, cur.obj, last)
+        if gone is not None:
+            cur.unknown = Location(group, gone)
+
+    def _write_unknown(self, cur: _Cursor) -> bool:
+        """Write the pending End of Unknown Range; False if the stream is gone."""
+        loc = cur.unknown
+        if loc is None:
+            return True
+        cur.unknown = None
+        return self.session.write_end_of_range(cur.stream_id, END_OF_UNKNOWN_RANGE,
+                                               loc.group, loc.object)
 
     @staticmethod
     def _gap_known(track: Track, group: int, obj: int) -> bool:

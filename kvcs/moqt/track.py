@@ -8,12 +8,18 @@ same object bytes are forwarded to every subscriber without copying.
 
 Objects are immutable: a second object at a cached Location with different bytes or
 header fields raises :class:`ImmutabilityError`.
+
+A cached track (not an origin one) honours MAX_CACHE_DURATION per object: :meth:`Track.expire`
+drops every object that arrived longer ago than the duration, whatever newer objects keep
+arriving, and remembers where they were (:meth:`Track.gone`), so that a FETCH over them can
+say "status unknown" instead of "does not exist".
 """
 
 from __future__ import annotations
 
 import bisect
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,6 +34,7 @@ from .wire import (
 from .wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
 
 FullTrackName = tuple[TrackNamespace, bytes]
+_START = Location(0, 0)
 
 
 class ImmutabilityError(ValueError):
@@ -74,6 +81,43 @@ class _Group:
     objects: dict[int, CachedObject] = field(default_factory=dict)
     end: int | None = None  # no object id >= end exists (from End of Group / track end)
     closed: bool = False  # every object of the group is known (cached or absent)
+    gone: list[tuple[int, int]] = field(default_factory=list)
+    """Sorted disjoint inclusive ranges of object ids dropped by age (never cached ones)."""
+
+
+def _add_id(ranges: list[tuple[int, int]], x: int) -> None:
+    """Insert ``x`` into sorted disjoint inclusive ranges, merging neighbours (objects
+    usually expire in id order, so a group's ranges stay one)."""
+    i = bisect.bisect_left(ranges, (x, x))
+    if i > 0 and ranges[i - 1][1] >= x - 1:
+        lo, hi = ranges[i - 1]
+        if hi >= x:
+            return
+        merge = i < len(ranges) and ranges[i][0] == x + 1  # x joins two ranges
+        ranges[i - 1] = (lo, ranges.pop(i)[1] if merge else x)
+    elif i < len(ranges) and ranges[i][0] <= x + 1:
+        if ranges[i][0] > x:
+            ranges[i] = (x, ranges[i][1])
+    else:
+        ranges.insert(i, (x, x))
+
+
+def _remove_id(ranges: list[tuple[int, int]], x: int) -> None:
+    """Take ``x`` out of sorted disjoint inclusive ranges (splitting the one holding it)."""
+    i = bisect.bisect_right(ranges, (x, MAX_VI64)) - 1
+    if i < 0 or ranges[i][1] < x:
+        return
+    lo, hi = ranges[i]
+    ranges[i:i + 1] = [r for r in ((lo, x - 1), (x + 1, hi)) if r[0] <= r[1]]
+
+
+def _last_in(ranges: list[tuple[int, int]], first: int, last: int) -> int | None:
+    """The largest id of the ranges within [first, last], or None."""
+    i = bisect.bisect_right(ranges, (last, MAX_VI64)) - 1
+    if i < 0:
+        return None
+    top = min(ranges[i][1], last)
+    return top if top >= first else None
 
 
 class Track:
@@ -96,11 +140,14 @@ class Track:
         self.listeners: list[TrackListener] = []
         self.origin = origin
         """An origin track (held by its original publisher): every Location up to the
-        Largest Object is known, since objects are added in order by their producer."""
+        Largest Object is known, since objects are added in order by their producer. Its
+        objects never expire (MAX_CACHE_DURATION binds caches)."""
+        self.expired_objects = 0
+        """Objects dropped by :meth:`expire` so far."""
+        self._arrivals: deque[CachedObject] = deque()  # cached objects in arrival order
         self._clock = clock
         self.last_used = clock()
         self.created = self.last_used
-        self._newest = self.last_used
 
     # ---------------------------------------------------------------- properties
 
@@ -146,7 +193,10 @@ class Track:
             raise ImmutabilityError(f"object {obj.group_id}/{obj.object_id} after End of Track")
         if not obj.arrived:
             obj.arrived = self._clock()
-        self._newest = obj.arrived
+        if not self.origin:
+            self._arrivals.append(obj)
+        if g.gone:
+            _remove_id(g.gone, obj.object_id)  # aged out, and now received again
         g.objects[obj.object_id] = obj
         ids = g.ids
         if not ids or obj.object_id > ids[-1]:
@@ -182,7 +232,9 @@ class Track:
 
     @staticmethod
     def _contiguous(g: _Group) -> bool:
-        return g.end is not None and len(g.ids) == g.end + 1
+        if g.end is None:
+            return False
+        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == g.end + 1
 
     def close_group(self, group_id: int) -> None:
         """Record that every object of ``group_id`` is known (present or absent)."""
@@ -233,8 +285,55 @@ class Track:
             listener(self, "gone", None)
         self._groups.clear()
         self._group_ids.clear()
+        self._arrivals.clear()
         self.bytes = 0
         self.count = 0
+
+    def expiry_cutoff(self, now: float | None = None) -> float | None:
+        """Objects that arrived before this clock time are older than MAX_CACHE_DURATION;
+        None if nothing expires here (no duration, or an origin track)."""
+        dur = self.max_cache_duration_ms
+        if dur is None or self.origin:
+            return None
+        return (self._clock() if now is None else now) - dur / 1000.0
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop every object older than MAX_CACHE_DURATION; returns the payload bytes freed.
+
+        The track's knowledge stays (End of Group/Track, what is settled): a dropped object
+        is remembered as :meth:`gone`. Whoever accounts the track's bytes (a cache) calls
+        this, since it changes :attr:`bytes`.
+        """
+        cutoff = self.expiry_cutoff(now)
+        q = self._arrivals
+        if cutoff is None or not q or q[0].arrived >= cutoff:
+            return 0
+        freed = 0
+        while q and q[0].arrived < cutoff:
+            obj = q.popleft()
+            g = self._groups.get(obj.group_id)
+            if g is None or g.objects.get(obj.object_id) is not obj:
+                continue
+            del g.objects[obj.object_id]
+            del g.ids[bisect.bisect_left(g.ids, obj.object_id)]
+            freed += len(obj.payload)
+            self.count -= 1
+            self.expired_objects += 1
+            if obj.status == ObjectStatus.NORMAL:
+                # status objects leave their knowledge behind (group end, End of Track)
+                _add_id(g.gone, obj.object_id)
+        self.bytes -= freed
+        return freed
+
+    def gone(self, loc: Location) -> bool:
+        """True if the object at ``loc`` existed here and was dropped by age."""
+        g = self._groups.get(loc.group)
+        return g is not None and _last_in(g.gone, loc.object, loc.object) is not None
+
+    def last_gone(self, group_id: int, first: int, last: int) -> int | None:
+        """The largest Object ID in [first, last] of ``group_id`` dropped by age, or None."""
+        g = self._groups.get(group_id)
+        return None if g is None or not g.gone else _last_in(g.gone, first, last)
 
     # ---------------------------------------------------------------- reading
 
@@ -275,7 +374,37 @@ class Track:
             return False
         if loc.object in g.objects or g.closed:
             return True
+        if g.gone and _last_in(g.gone, loc.object, loc.object) is not None:
+            return True  # it was here, and aged out
         return g.end is not None and loc.object >= g.end
+
+    def known_until_end(self, start: Location = _START) -> bool:
+        """True when End of Track is known and so is every Location from ``start`` to it.
+
+        Origin tracks are written in order; a cached (relay) track may learn End of Track
+        while earlier objects are still in flight on other streams.
+        """
+        eot = self.end_of_track
+        if eot is None:
+            return False
+        if self.complete or self.origin:
+            return True
+        if self.settled_until is not None and self.settled_until >= eot:
+            return True
+        for g in range(start.group, eot.group + 1):
+            lo = start.object if g == start.group else 0
+            if g == eot.group:
+                hi = eot.object
+            elif self.group_closed(g) and lo == 0:
+                continue
+            else:
+                end = self.group_end(g)
+                if end is None:
+                    return False
+                hi = end
+            if not all(self.is_settled(Location(g, o)) for o in range(lo, hi)):
+                return False
+        return True
 
     def objects(self, start: Location, end: Location | None = None,
                 descending: bool = False) -> Iterator[CachedObject]:
@@ -297,12 +426,4 @@ class Track:
     def touch(self) -> None:
         """Mark the track as used now (LRU eviction)."""
         self.last_used = self._clock()
-
-    def expired(self, now: float | None = None) -> bool:
-        """True once every object is older than MAX_CACHE_DURATION (if set)."""
-        dur = self.max_cache_duration_ms
-        if dur is None:
-            return False
-        now = self._clock() if now is None else now
-        return now - self._newest > dur / 1000.0
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import AuthError, Authorizer, Grant, parse_namespace
 from .cache import Cache
-from .config import ConfigError, RelayConfig, load_config_file
+from .config import ConfigError, ListenError, RelayConfig, load_config_file
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "Cache",
     "ConfigError",
     "Grant",
+    "ListenError",
     "Metrics",
     "Relay",
     "RelayConfig",

@@ -1,5 +1,9 @@
 """The relay's object cache: tracks by Full Track Name, a byte budget, age and LRU eviction.
 
+Age is per object: :meth:`Cache.sweep` drops every object older than its track's
+MAX_CACHE_DURATION (:meth:`~kvcs.moqt.track.Track.expire`), also from tracks still being
+fed, and removes a track once it has lost all its objects to age and nothing feeds it.
+
 Payloads are kept as received: zero-copy views of the received stream data, except that a
 view pinning a much larger receive buffer is copied to exact size (:func:`exact_payload`),
 so that the budget bounds memory. :attr:`Cache.bytes` counts payload bytes only; the
@@ -14,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from ..moqt.track import FullTrackName, Track
+from ..moqt.wire import TrackNamespace, namespace_has_prefix
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -35,20 +40,36 @@ def exact_payload(payload: bytes | memoryview) -> bytes | memoryview:
     return payload
 
 
+def _never(_track: Track) -> bool:
+    return False
+
+
+def _ignore(_track: Track, _reason: str) -> None:
+    return None
+
+
 class Cache:
-    """Tracks by Full Track Name with a payload byte budget."""
+    """Tracks by Full Track Name with a payload byte budget.
+
+    ``pinned(track)``: evict it last (it feeds subscribers). ``fed(track)``: something
+    still adds objects to it, so it stays even when age has emptied it. ``on_evict(track,
+    reason)``: called when a track is evicted (``age`` or ``bytes``), before it is dropped.
+    """
 
     def __init__(self, budget: int, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 pinned: Callable[[Track], bool] = _never,
+                 fed: Callable[[Track], bool] = _never,
+                 on_evict: Callable[[Track, str], None] = _ignore) -> None:
         self.budget = budget
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.tracks: dict[FullTrackName, Track] = {}
         self.bytes = 0
         """Payload bytes of all cached tracks (kept up to date by :meth:`added`)."""
-        self.pinned: Callable[[Track], bool] = lambda _t: False
-        """Tracks that should be evicted last (being fed or served)."""
-        self.on_evict: Callable[[Track, str], None] = lambda _t, _r: None
+        self._pinned = pinned
+        self._fed = fed
+        self._on_evict = on_evict
 
     def get(self, key: FullTrackName) -> Track | None:
         """The cached track or None."""
@@ -73,7 +94,7 @@ class Cache:
         self.bytes -= track.bytes
         self.metrics.inc("kvcs_relay_cache_evictions_total", reason=reason)
         log.info("evicting track %r (%d bytes, %s)", track.name, track.bytes, reason)
-        self.on_evict(track, reason)
+        self._on_evict(track, reason)
         track.drop()
 
     def forget(self, track: Track) -> None:
@@ -83,21 +104,31 @@ class Cache:
             self.bytes -= track.bytes
             track.drop()
 
+    def under(self, prefix: TrackNamespace) -> list[Track]:
+        """The cached tracks whose namespace starts with ``prefix`` (field-wise)."""
+        return [t for t in self.tracks.values() if namespace_has_prefix(t.namespace, prefix)]
+
     def enforce_budget(self) -> None:
         """Evict tracks, least recently used first (unpinned before pinned)."""
         if self.bytes <= self.budget:
             return
         order = sorted(self.tracks.values(),
-                       key=lambda t: (self.pinned(t), t.last_used))
+                       key=lambda t: (self._pinned(t), t.last_used))
         for track in order:
             if self.bytes <= self.budget:
                 break
             self.remove(track, "bytes")
 
     def sweep(self) -> None:
-        """Evict expired tracks (MAX_CACHE_DURATION) and enforce the budget."""
+        """Drop objects older than their track's MAX_CACHE_DURATION, evict the tracks age
+        has emptied (unless still fed), then enforce the budget."""
         now = self.clock()
         for track in list(self.tracks.values()):
-            if track.expired(now):
+            before = track.count
+            freed = track.expire(now)
+            if track.count != before:
+                self.bytes -= freed
+                self.metrics.inc("kvcs_relay_cache_expired_objects_total", before - track.count)
+            if not track.count and track.expired_objects and not self._fed(track):
                 self.remove(track, "age")
         self.enforce_budget()

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+
+
+class ListenError(OSError):
+    """A listening socket could not be opened; the message names the address and what
+    it was for (``kvcs relay`` prints it as one line)."""
+
+    def __init__(self, address: str, what: str, exc: OSError) -> None:
+        # asyncio's messages repeat the address as a tuple: say only what went wrong
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        super().__init__(exc.errno, f"cannot listen on {address}{what}: {why}")
+        self.address = address
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:
@@ -46,7 +61,8 @@ class RelayConfig:
     quic_preset: str = "default"
     quic_backend: str | None = None
     """QUIC library: ``auto`` (qh3 when installed), ``aioquic`` or ``qh3``; see
-    :mod:`kvcs.quic_backend`. Applied by ``kvcs relay`` before the transport loads;
+    :mod:`kvcs.transport.quic`. ``kvcs relay`` makes it the process default
+    (:func:`kvcs.transport.use_library`) before it makes the relay's QuicSettings;
     unset: ``KVCS_QUIC_BACKEND`` if set, else ``auto``."""
     max_fetches_per_session: int = 16
     max_requests_per_session: int = 1024

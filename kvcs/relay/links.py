@@ -5,8 +5,10 @@ SUBSCRIBE to the track's source (a publishing session or the upstream relay) wit
 exactly-once pattern, Next Object plus a fill of everything the cache does not know yet.
 Its objects go into the cached :class:`~kvcs.moqt.track.Track`, from which every
 downstream session's TrackServer serves. Requests that arrive before SUBSCRIBE_OK wait on
-the link; when it ends the track is complete (End of Track and the fill are in), or the
-relay drops what it cannot vouch for and ends the downstream requests.
+the link; the track is complete as soon as End of Track is in and every Location before
+it is known (the fill ended, subgroups closed): then it no longer depends on the source,
+which may leave. A link that ends before that makes the relay drop what it cannot vouch
+for and end the downstream requests.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class Links:
         metrics.inc("kvcs_relay_bytes_in_total", n)
         if added:
             self.relay.cache.added(n)
+            if track.end_of_track is not None:
+                self._maybe_complete(link)
 
     def on_event(self, link: Link, e: ev.Event) -> None:
         """Any other event of the upstream subscription."""
@@ -162,6 +166,7 @@ class Links:
                     track.settle(largest)
             else:
                 link.fill_pending = True
+            self._maybe_complete(link)
             waiting, link.waiting = link.waiting, []
             for p, req in waiting:
                 p.waiting.pop(req.request_id, None)
@@ -183,6 +188,7 @@ class Links:
                     link.lost = True
                 elif key is not None:
                     track.close_subgroup(*key)
+            self._maybe_complete(link)
             for p in link.downstream.values():
                 p.schedule_flush()
         elif isinstance(e, ev.RangeMarkerReceived):
@@ -193,9 +199,10 @@ class Links:
             if done.status == PublishDoneCode.TRACK_ENDED and not link.lost \
                     and not link.unknown_ranges and not link.fill_pending:
                 self._retire(link)
-                track.finish()
-                log.info("track %r complete (%d objects, %d bytes)", track.name, track.count,
-                         track.bytes)
+                if not track.complete:
+                    track.finish()
+                    log.info("track %r complete (%d objects, %d bytes)", track.name,
+                             track.count, track.bytes)
                 for p in list(link.downstream.values()):
                     p.schedule_flush()
             else:
@@ -205,6 +212,17 @@ class Links:
                 self._failed(link, e.message.code, e.message.reason)
         elif isinstance(e, ev.RequestFailed):
             self._failed(link, RequestErrorCode.INTERNAL_ERROR, e.reason)
+
+    def _maybe_complete(self, link: Link) -> None:
+        """Mark the track complete once End of Track and every Location before it are
+        known, without waiting for PUBLISH_DONE: the publisher may leave right after."""
+        track = link.track
+        if (not track.complete and link.established and not link.lost
+                and not link.unknown_ranges and not link.fill_pending
+                and track.known_until_end()):
+            track.finish()
+            log.info("track %r complete (%d objects, %d bytes)", track.name, track.count,
+                     track.bytes)
 
     # ------------------------------------------------------------------ endings
 

@@ -22,9 +22,13 @@ _HELP = {
     "kvcs_relay_cache_hits_total": ("counter", "Requests answered from a complete cached track"),
     "kvcs_relay_cache_misses_total": ("counter", "Requests that needed an upstream subscription"),
     "kvcs_relay_cache_evictions_total": ("counter", "Tracks evicted from the cache by reason"),
+    "kvcs_relay_cache_expired_objects_total": ("counter",
+                                               "Objects dropped for MAX_CACHE_DURATION"),
     "kvcs_relay_cache_bytes": ("gauge", "Payload bytes held in the cache"),
     "kvcs_relay_cache_tracks": ("gauge", "Tracks held in the cache"),
     "kvcs_relay_upstream_subscriptions": ("gauge", "Open upstream subscriptions"),
+    "kvcs_relay_retained_namespaces": ("gauge", "Completed publications kept after their "
+                                   "publishers left"),
     "kvcs_relay_protocol_errors_total": ("counter", "Sessions closed for protocol violations"),
 }
 

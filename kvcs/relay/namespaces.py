@@ -6,6 +6,13 @@ announces (NAMESPACE on the relay's own SUBSCRIBE_NAMESPACE) are publications in
 watches, so every watcher gets one NAMESPACE / NAMESPACE_DONE per change whatever its
 sources. A prefix watched downstream is watched upstream by ONE SUBSCRIBE_NAMESPACE,
 cancelled when its last watcher goes.
+
+A completed publication outlives its publisher: when the last publisher of a namespace
+goes (its PUBLISH_NAMESPACE cancelled, its session closed, or the upstream relay's
+NAMESPACE_DONE), the relay keeps the namespace published in its own name if it holds at
+least one track under it and every such track is complete. It withdraws it (NAMESPACE_DONE
+to the watchers) once age has emptied every one of those tracks, or as soon as one is
+evicted for space (the publication would no longer be whole). See docs/relay.md.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import logging
 from ..auth import render_namespace
 from ..endpoint import send_namespace_notices
 from ..moqt import events as ev
-from ..moqt.origin import Origin
-from ..moqt.wire import TrackNamespace
+from ..moqt.origin import NamespaceNotice, Origin
+from ..moqt.track import Track
+from ..moqt.wire import TrackNamespace, namespace_has_prefix
+from .cache import Cache
 from .session import RelaySession
 
 log = logging.getLogger(__name__)
@@ -25,10 +34,14 @@ log = logging.getLogger(__name__)
 class Namespaces:
     """Namespace table and routing of one relay; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: Cache) -> None:
         self.origin: Origin[RelaySession] = Origin()
+        self.cache = cache
         self.upstream: RelaySession | None = None
         """The session to the upstream relay, while it is open."""
+        self.retained: set[TrackNamespace] = set()
+        """Namespaces the relay publishes itself: completed publications whose publishers
+        left."""
         self._upstream_watches: dict[TrackNamespace, int] = {}  # prefix -> upstream rid
 
     # ------------------------------------------------------------------ routing
@@ -68,9 +81,36 @@ class Namespaces:
         for rid, ns in self.origin.publications(session):
             if rid == request_id:
                 log.info("session %d withdrew %s", session.id, render_namespace(ns))
-                send_namespace_notices(self.origin.withdraw(ns, session, rid))
+                send_namespace_notices(self._end(session, rid, ns))
                 return True
         return False
+
+    def _end(self, session: RelaySession, request_id: int,
+             namespace: TrackNamespace) -> list[NamespaceNotice[RelaySession]]:
+        """End one publication; the relay keeps a completed one it was the last of."""
+        if (self.origin.publishers(namespace) == [session] and namespace not in self.retained
+                and self._holds_complete(namespace)):
+            self.origin.publish(namespace)  # by the relay itself: still available, no notice
+            self.retained.add(namespace)
+            log.info("keeping %s: its publisher left, the relay holds it complete",
+                     render_namespace(namespace))
+        return self.origin.withdraw(namespace, session, request_id)
+
+    def _holds_complete(self, namespace: TrackNamespace) -> bool:
+        held = [t for t in self.cache.under(namespace) if t.count]
+        return bool(held) and all(t.complete for t in held)
+
+    def track_evicted(self, track: Track, reason: str) -> None:
+        """The cache evicted ``track``: a namespace kept for it goes when it was the last
+        one holding objects, or at once if it was evicted for space (``reason`` not age)."""
+        for ns in [n for n in self.retained if namespace_has_prefix(track.namespace, n)]:
+            if reason == "age" and any(t.count and t is not track
+                                       for t in self.cache.under(ns)):
+                continue
+            self.retained.discard(ns)
+            log.info("withdrawing kept %s: a track was evicted (%s)", render_namespace(ns),
+                     reason)
+            send_namespace_notices(self.origin.withdraw(ns))
 
     # ------------------------------------------------------------------ watchers
 
@@ -108,9 +148,9 @@ class Namespaces:
         """Drop the watches and publications of a session that ended."""
         for rid in self.origin.watches(session):
             self.unwatch(session, rid)
-        for _rid, ns in self.origin.publications(session):
+        for rid, ns in self.origin.publications(session):
             log.info("session %d withdrew %s", session.id, render_namespace(ns))
-        send_namespace_notices(self.origin.withdraw_all(session))
+            send_namespace_notices(self._end(session, rid, ns))
         if session is self.upstream:
             self.upstream = None
             self._upstream_watches.clear()
@@ -123,7 +163,7 @@ class Namespaces:
         if isinstance(e, ev.NamespaceAnnounced):
             send_namespace_notices(self.origin.publish(e.namespace, up, request_id))
         elif isinstance(e, ev.NamespaceWithdrawn):
-            send_namespace_notices(self.origin.withdraw(e.namespace, up, request_id))
+            send_namespace_notices(self._end(up, request_id, e.namespace))
         elif isinstance(e, ev.RequestRejected | ev.RequestFailed):
             for prefix, rid in list(self._upstream_watches.items()):
                 if rid == request_id:

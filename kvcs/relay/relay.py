@@ -22,7 +22,8 @@ import asyncio
 import contextlib
 import logging
 
-from ..auth import PUBLISH, SUBSCRIBE, Authorizer
+from ..admission import Admission, Limits
+from ..auth import Authorizer
 from ..endpoint import open_session, serve_sessions
 from ..moqt import events as ev
 from ..moqt.errors import RequestErrorCode, SessionCode
@@ -30,17 +31,15 @@ from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
     AuthToken,
     Fetch,
-    Parameters,
     PublishNamespace,
     Subscribe,
     SubscribeNamespace,
     TrackNamespace,
     TrackStatus,
 )
-from ..transport import MoqtConnection, QuicSettings, ensure_dev_certificate
-from ..transport.binding import Server
+from ..transport import MoqtConnection, QuicSettings, Server, ensure_dev_certificate
 from .cache import Cache
-from .config import RelayConfig, parse_hostport
+from .config import ListenError, RelayConfig, parse_hostport
 from .links import Link, Links
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
@@ -61,12 +60,14 @@ class Relay:
             authorizer = (Authorizer.from_file(config.auth) if config.auth
                           else Authorizer(anonymous=config.anonymous))
         self.auth = authorizer
+        self.admission = Admission(authorizer, Limits(
+            max_requests=config.max_requests_per_session,
+            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms))
         self.settings = settings or (QuicSettings.loopback() if config.quic_preset == "loopback"
                                      else QuicSettings())
         self.metrics = Metrics()
-        self.cache = Cache(config.cache_bytes, self.metrics)
-        self.cache.pinned = self._pinned
-        self.cache.on_evict = self._on_evict
+        self.cache = Cache(config.cache_bytes, self.metrics, pinned=self._pinned,
+                           fed=self._fed, on_evict=self._on_evict)
         self.server: Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.host: str | None = None
@@ -76,7 +77,7 @@ class Relay:
         the relay uses them: :func:`kvcs.cli.start_kvsp_beside`)."""
         self.fingerprint: str | None = None
         self.sessions: dict[int, RelaySession] = {}
-        self.namespaces = Namespaces()
+        self.namespaces = Namespaces(self.cache)
         self.links = Links(self)
         self._next_session = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -88,6 +89,7 @@ class Relay:
         m.gauge("kvcs_relay_cache_bytes", lambda: self.cache.bytes)
         m.gauge("kvcs_relay_cache_tracks", lambda: len(self.cache.tracks))
         m.gauge("kvcs_relay_upstream_subscriptions", lambda: len(self.links))
+        m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
         m.gauge("kvcs_relay_objects_out_total", lambda: self.objects_out()[0])
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
 
@@ -110,7 +112,8 @@ class Relay:
         return self.namespaces.local_publishers()
 
     async def start(self) -> None:
-        """Listen, connect upstream (if configured) and start the metrics endpoint."""
+        """Listen, connect upstream (if configured) and start the metrics endpoint; a
+        socket that cannot be opened raises :class:`ListenError` (nothing stays open)."""
         cfg = self.config
         host, port = parse_hostport(cfg.listen, "--listen")
         if cfg.tls_cert:
@@ -120,19 +123,39 @@ class Relay:
             certfile, keyfile = str(dev.certfile), str(dev.keyfile)
             self.fingerprint = dev.sha256
         self.host, self.certfile, self.keyfile = host, certfile, keyfile
-        if cfg.upstream:
-            await self._connect_upstream()
-        self.server = await serve_sessions(host, port, self._on_connection, certfile=certfile,
-                                           keyfile=keyfile, settings=self.settings,
-                                           implementation=IMPLEMENTATION)
         if cfg.metrics:
             mh, mp = parse_hostport(cfg.metrics, "--metrics")
-            self.metrics_server = MetricsServer(self.metrics)
-            await self.metrics_server.start(mh, mp)
+            metrics_server = MetricsServer(self.metrics)
+            try:
+                await metrics_server.start(mh, mp)
+            except OSError as exc:
+                raise ListenError(cfg.metrics, " (--metrics)", exc) from exc
+            self.metrics_server = metrics_server
+        try:
+            if cfg.upstream:
+                await self._connect_upstream()
+            self.server = await serve_sessions(host, port, self._on_connection,
+                                               certfile=certfile, keyfile=keyfile,
+                                               settings=self.settings,
+                                               implementation=IMPLEMENTATION)
+        except OSError as exc:
+            await self._close_started()
+            if isinstance(exc, ConnectionError):
+                raise  # the upstream relay
+            raise ListenError(cfg.listen, "", exc) from exc
         self._sweeper = asyncio.create_task(self._sweep_loop())
         log.info("relay listening on %s:%d (upstream %s, cache %d bytes, %s)", host,
                  self.server.port, cfg.upstream or "none", cfg.cache_bytes,
                  "anonymous" if self.auth.anonymous else f"{len(self.auth.grants)} tokens")
+
+    async def _close_started(self) -> None:
+        """Close what a failed :meth:`start` opened."""
+        up = self.upstream
+        if up is not None and not up.is_closed:
+            up.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.aclose()
+            self.metrics_server = None
 
     async def _connect_upstream(self) -> None:
         cfg = self.config
@@ -190,11 +213,9 @@ class Relay:
                 log.exception("cache sweep failed")
 
     def sweep(self) -> None:
-        """Evict expired tracks that are not being fed, then enforce the byte budget."""
-        for track in list(self.cache.tracks.values()):
-            if track.expired() and self.links.feeding(track) is None:
-                self.cache.remove(track, "age")
-        self.cache.enforce_budget()
+        """Drop aged-out objects and the tracks they emptied, then enforce the byte
+        budget (:meth:`Cache.sweep`)."""
+        self.cache.sweep()
 
     def objects_out(self) -> tuple[int, int]:
         """(objects, payload bytes) sent to peers, over the relay's lifetime."""
@@ -261,23 +282,6 @@ class Relay:
 
     # ------------------------------------------------------------------ requests
 
-    @staticmethod
-    def _tokens(peer: RelaySession, params: Parameters) -> list[bytes] | int:
-        """Token values of a request (+ SETUP); an int is a session error code."""
-        out: list[bytes] = []
-        setup = peer.peer_setup
-        for tok in setup.auth_tokens if setup else ():
-            if tok.alias_type in (1, 3) and tok.value is not None:
-                out.append(bytes(tok.value))  # REGISTER over our cache size 0 = USE_VALUE
-        for tok in params.auth_tokens:
-            if tok.alias_type == 3 and tok.value is not None:
-                out.append(bytes(tok.value))
-            elif tok.alias_type == 1:
-                return SessionCode.AUTH_TOKEN_CACHE_OVERFLOW  # MAX_AUTH_TOKEN_CACHE_SIZE 0
-            else:
-                return SessionCode.UNKNOWN_AUTH_TOKEN_ALIAS
-        return out
-
     def reject(self, peer: RelaySession, rid: int, kind: str, code: int, reason: str,
                retry: int = 0) -> None:
         """REQUEST_ERROR for request ``rid`` of ``peer`` (and count it)."""
@@ -306,36 +310,23 @@ class Relay:
         if self.going_away:
             self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
             return
-        tokens = self._tokens(peer, m.params)
-        if isinstance(tokens, int):
-            self.close_session(peer, tokens, "authorization token alias not supported")
-            return
-        if peer.open_requests() >= self.config.max_requests_per_session:
-            self.reject(peer, rid, kind, RequestErrorCode.EXCESSIVE_LOAD,
-                        "too many open requests", self.config.fetch_retry_ms)
+        refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
+                                       peer.open_fetches())
+        if refusal is not None:
+            if refusal.close_session:
+                self.close_session(peer, refusal.code, refusal.reason)
+            else:
+                self.reject(peer, rid, kind, refusal.code, refusal.reason, refusal.retry_ms)
             return
         if isinstance(m, PublishNamespace):
-            ns, right, what = tuple(m.namespace), PUBLISH, "to publish this namespace"
-        elif isinstance(m, SubscribeNamespace):
-            ns, right, what = tuple(m.namespace_prefix), SUBSCRIBE, "for this namespace prefix"
-        else:
-            assert isinstance(m, Subscribe | Fetch | TrackStatus)  # RELAYED_REQUESTS
-            ns, right, what = tuple(m.namespace), SUBSCRIBE, "for this namespace"
-        if not self.auth.allowed(tokens, right, ns):
-            self.reject(peer, rid, kind, RequestErrorCode.UNAUTHORIZED, f"not authorized {what}")
-            return
-        if isinstance(m, PublishNamespace | SubscribeNamespace):
             peer.session.request_ok(rid)
             self._ok(kind)
-            if isinstance(m, PublishNamespace):
-                self.namespaces.publish(peer, rid, ns)
-            else:
-                self.namespaces.watch(peer, rid, ns)
+            self.namespaces.publish(peer, rid, tuple(m.namespace))
             return
-        if isinstance(m, Fetch) and \
-                peer.open_fetches() >= self.config.max_fetches_per_session:
-            self.reject(peer, rid, kind, RequestErrorCode.EXCESSIVE_LOAD,
-                        "too many concurrent fetches", self.config.fetch_retry_ms)
+        if isinstance(m, SubscribeNamespace):
+            peer.session.request_ok(rid)
+            self._ok(kind)
+            self.namespaces.watch(peer, rid, tuple(m.namespace_prefix))
             return
         self._route(peer, e, kind)
 
@@ -445,13 +436,17 @@ class Relay:
             self.reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         peer.schedule_flush()
 
-    # ------------------------------------------------------------------ cache hooks
+    # ------------------------------------------------------------------ cache policy
 
     def _pinned(self, track: Track) -> bool:
         link = self.links.feeding(track)
         return link is not None and bool(link.downstream)
 
+    def _fed(self, track: Track) -> bool:
+        return self.links.feeding(track) is not None
+
     def _on_evict(self, track: Track, reason: str) -> None:
         link = self.links.feeding(track)
         if link is not None:
             self.links.evicted(link)
+        self.namespaces.track_evicted(track, reason)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from .backend import BACKEND, QuicConfiguration
+from .quic import adapter, default_library, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +27,14 @@ ALPN_H3 = "h3"
 MiB = 1024 * 1024
 KiB = 1024
 
-#: Largest ``max_datagram_size`` the binding accepts, per QUIC library. aioquic encodes
-#: some frame lengths assuming a packet fits well below 16 KiB (sizes above ~16383 break
-#: its own framing); qh3 builds packets up to the UDP limit (65507 on IPv4 loopback).
-MAX_DATAGRAM_SIZE_LIMIT = 16000 if BACKEND == "aioquic" else 60000
 MIN_DATAGRAM_SIZE = 1200
+
+
+def max_datagram_size_limit(library: str | None = None) -> int:
+    """Largest ``max_datagram_size`` of a QUIC library (default: the process default):
+    16000 on aioquic (larger sizes break its own framing), 60000 on qh3 (it builds
+    packets up to the UDP limit, 65507 on IPv4 loopback)."""
+    return adapter(library).max_datagram_size_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +46,11 @@ class QuicSettings:
 
     max_datagram_size: int = 1350
     """Largest UDP payload sent (QUIC packet size). 1350 is safe on the internet; loopback
-    deployments use the :meth:`loopback` preset (:data:`MAX_DATAGRAM_SIZE_LIMIT`: 16000 on
-    aioquic, 60000 on qh3). Validated to 1200..MAX_DATAGRAM_SIZE_LIMIT. Each endpoint caps
-    only what it sends: a peer on the other library receives either size."""
+    deployments use the :meth:`loopback` preset (:func:`max_datagram_size_limit`: 16000
+    on aioquic, 60000 on qh3). Validated to 1200..that limit. Each endpoint caps only what
+    it sends: a peer on the other library receives either size. qh3 probes the path for
+    up to 1472 bytes above smaller sizes. What a connection sends now:
+    :attr:`MoqtConnection.max_datagram_size <kvcs.transport.MoqtConnection.max_datagram_size>`."""
 
     max_data: int = 16 * MiB
     """Connection-level receive flow-control window (aioquic default 1 MiB)."""
@@ -54,10 +61,11 @@ class QuicSettings:
     max_streams_uni: int = 1024
     """Concurrent peer-initiated unidirectional streams allowed (aioquic hard-codes 128;
     KVCS opens hundreds of subgroup streams). aioquic raises the limit by one for each
-    finished stream."""
+    finished stream. aioquic only: qh3 allows 103."""
 
     max_streams_bidi: int = 256
-    """Concurrent peer-initiated bidirectional (request) streams allowed."""
+    """Concurrent peer-initiated bidirectional (request) streams allowed. aioquic only:
+    qh3 allows 100."""
 
     idle_timeout: float = 30.0
     """Seconds of silence before the connection is dropped."""
@@ -79,18 +87,27 @@ class QuicSettings:
     """QUIC DATAGRAM support (RFC 9221), required by MOQT: largest DATAGRAM frame accepted."""
 
     congestion_control: str = "reno"
-    """aioquic congestion controller: ``"reno"`` or ``"cubic"``."""
+    """aioquic congestion controller: ``"reno"`` or ``"cubic"`` (qh3 has no choice)."""
 
     send_watermark: int = 512 * KiB
-    """Send scheduler: stream bytes handed to aioquic but not yet sent are kept below this,
+    """Send scheduler: stream bytes handed to QUIC but not yet sent are kept below this,
     the rest waits in per-stream queues so that stream priorities take effect. Large enough
     to keep the pipe full (see the benchmark), small enough for priorities to matter."""
 
+    library: str | None = None
+    """QUIC library of the connections and servers made with these settings: ``"qh3"``,
+    ``"aioquic"`` or ``"auto"``; ``None`` takes the process default
+    (:func:`kvcs.transport.use_library`, else ``$KVCS_QUIC_BACKEND``, else qh3 when
+    installed). Resolved to ``"qh3"`` or ``"aioquic"`` when the settings are made."""
+
     def __post_init__(self) -> None:
-        if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_DATAGRAM_SIZE_LIMIT:
+        library = resolve(self.library) if self.library else default_library()
+        object.__setattr__(self, "library", library)
+        limit = max_datagram_size_limit(library)
+        if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= limit:
             raise ValueError(
-                f"max_datagram_size must be within {MIN_DATAGRAM_SIZE}.."
-                f"{MAX_DATAGRAM_SIZE_LIMIT}, got {self.max_datagram_size}"
+                f"max_datagram_size must be within {MIN_DATAGRAM_SIZE}..{limit} on "
+                f"{library}, got {self.max_datagram_size}"
             )
         for name in ("max_data", "max_stream_data", "max_streams_uni", "max_streams_bidi"):
             if getattr(self, name) <= 0:
@@ -101,22 +118,26 @@ class QuicSettings:
             raise ValueError("send_watermark must be positive")
 
     @classmethod
-    def loopback(cls, **overrides: object) -> QuicSettings:
+    def loopback(cls, **overrides: Any) -> QuicSettings:
         """Preset for client and server on the same host: the library's largest datagrams
         (16000 bytes on aioquic, 60000 on qh3), 4 MiB socket buffers, 64 KiB receive
-        buffer."""
-        base = cls(
-            max_datagram_size=MAX_DATAGRAM_SIZE_LIMIT,
+        buffer. ``overrides`` are fields (``library=`` picks the library first)."""
+        library = overrides.pop("library", None)
+        base = cls(library=library)
+        base = dataclasses.replace(
+            base,
+            max_datagram_size=max_datagram_size_limit(base.library),
             socket_send_buffer=4 * MiB,
             socket_receive_buffer=4 * MiB,
             datagram_receive_buffer=64 * KiB,
         )
-        return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+        return dataclasses.replace(base, **overrides)
 
     @classmethod
-    def aioquic_defaults(cls) -> QuicSettings:
+    def aioquic_defaults(cls, library: str | None = None) -> QuicSettings:
         """aioquic's own defaults (for comparison benchmarks only)."""
         return cls(
+            library=library,
             max_datagram_size=1200,
             max_data=1 * MiB,
             max_stream_data=1 * MiB,
@@ -128,25 +149,11 @@ class QuicSettings:
             datagram_receive_buffer=256 * KiB,
         )
 
-    def quic_configuration(
-        self, *, is_client: bool, alpn_protocols: list[str]
-    ) -> QuicConfiguration:
-        """Build a :class:`QuicConfiguration` of the selected backend (without TLS
-        material). qh3 has no congestion controller choice and probes the path MTU."""
-        # qh3 only: path MTU probing; aioquic only: the congestion controller
-        extra: dict[str, object] = (
-            {"probe_datagram_size": True} if BACKEND == "qh3"
-            else {"congestion_control_algorithm": self.congestion_control})
-        return QuicConfiguration(
-            is_client=is_client,
-            alpn_protocols=list(alpn_protocols),
-            max_datagram_size=self.max_datagram_size,
-            max_data=self.max_data,
-            max_stream_data=self.max_stream_data,
-            idle_timeout=self.idle_timeout,
-            max_datagram_frame_size=self.max_datagram_frame_size,
-            **extra,  # type: ignore[arg-type]
-        )
+    def quic_configuration(self, *, is_client: bool, alpn_protocols: Sequence[str]) -> Any:
+        """A ``QuicConfiguration`` of :attr:`library` for these settings (without TLS
+        material)."""
+        return adapter(self.library).configuration(
+            self, is_client=is_client, alpn_protocols=alpn_protocols)
 
     def configure_socket(self, sock: socket.socket) -> None:
         """Apply the socket buffer sizes to a UDP socket (before or after binding)."""

@@ -1,19 +1,18 @@
-"""Priority send scheduler in front of aioquic.
+"""Priority send scheduler in front of the QUIC library.
 
-aioquic accepts any amount of stream data and serves all streams with pending data
+QUIC libraries accept any amount of stream data and serve all streams with pending data
 round-robin, so priorities only work if data is held back. :class:`SendScheduler` keeps a
-queue per stream and hands data to aioquic only while aioquic's *sendable but not yet
-sent* bytes are below a watermark, always from the stream with the lowest priority key
-(ties: the stream first seen first, i.e. FIFO by stream). :meth:`refill` is called before
-every ``datagrams_to_send`` by the binding.
+queue per stream and hands data to QUIC only while QUIC's *sendable but not yet sent*
+bytes are below a watermark, always from the stream with the lowest priority key (ties:
+the stream first seen first, i.e. FIFO by stream). :meth:`refill` is called before every
+``datagrams_to_send`` by the binding.
 
-Bytes held back by flow control (stream credit) or by the peer's stream limit do not count
-against the watermark, and such streams are parked until they can send again, so a blocked
-stream never starves the others.
-
-With the qh3 backend (no per-stream state visible) the budget is qh3's
-``get_send_buffer_size()`` (which includes bytes held back by flow control) and streams are
-never parked.
+What QUIC holds is read through the library adapter's
+:class:`~kvcs.transport.quic.base.StreamSendView`. Where it shows per-stream credit
+(aioquic), bytes held back by flow control or by the peer's stream limit do not count
+against the watermark and such streams are parked until they can send again, so a blocked
+stream never starves the others. Where it does not (qh3), the budget includes bytes held
+back by flow control and streams are never parked.
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from aioquic.quic.stream import QuicStream
-
-from .backend import BACKEND, QuicConnection
+from .quic.base import QuicConnectionAPI, StreamSendView
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ class _Queue:
     queued: int = 0  # bytes still queued
     in_heap: bool = False
     parked: bool = False
-    finished: bool = False  # FIN handed to aioquic
+    finished: bool = False  # FIN handed to QUIC
 
 
 def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
@@ -55,11 +52,14 @@ def _as_bytes_view(data: bytes | bytearray | memoryview) -> memoryview:
 
 
 class SendScheduler:
-    """Per-stream queues drained into a :class:`QuicConnection` by priority."""
+    """Per-stream queues drained into a QUIC connection by priority."""
 
-    def __init__(self, quic: QuicConnection, watermark: int, chunk_size: int = 64 * 1024,
-                 low_water: int = 256 * 1024):
+    def __init__(self, quic: QuicConnectionAPI, view: StreamSendView,
+                 errors: tuple[type[BaseException], ...], watermark: int,
+                 chunk_size: int = 64 * 1024, low_water: int = 256 * 1024):
         self._quic = quic
+        self._view = view
+        self._errors = errors  # what the library raises for a stream that cannot send
         self.watermark = watermark
         self.chunk_size = chunk_size
         self.low_water = low_water
@@ -69,11 +69,9 @@ class SendScheduler:
         self._priorities: dict[int, tuple[int, ...]] = {}
         self._heap: list[tuple[tuple[int, ...], int, int]] = []
         self._parked: set[int] = set()
-        self._in_quic: dict[int, QuicStream] = {}
         self._seq = 0
-        self._native = BACKEND == "qh3"  # stream state lives in qh3's native core
         self.queued_bytes = 0
-        """Bytes waiting in the scheduler (not yet handed to aioquic)."""
+        """Bytes waiting in the scheduler (not yet handed to QUIC)."""
         self.drained: list[int] = []
         """Streams whose queue emptied or fell to :attr:`low_water` since the binding last
         looked; the binding reports them to the session (``stream_writable``)."""
@@ -115,7 +113,7 @@ class SendScheduler:
         queue = self._queues.pop(stream_id, None)
         self._priorities.pop(stream_id, None)
         self._parked.discard(stream_id)
-        self._in_quic.pop(stream_id, None)
+        self._view.forget(stream_id)
         if queue is None:
             return 0
         self.queued_bytes -= queue.queued
@@ -128,37 +126,13 @@ class SendScheduler:
     # -- accounting -----------------------------------------------------------------
 
     def unsent_bytes(self) -> int:
-        """Stream bytes in aioquic that are sendable now but not yet sent."""
-        if self._native:
-            return int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
-        total = 0
-        done: list[int] = []
-        for stream_id, stream in self._in_quic.items():
-            sender = stream.sender
-            unsent = sender._buffer_stop - sender.highest_offset
-            if unsent <= 0 or sender._reset_error_code is not None:
-                done.append(stream_id)
-                continue
-            if stream.is_blocked:
-                continue
-            credit = stream.max_stream_data_remote - sender.highest_offset
-            if credit > 0:
-                total += min(unsent, credit)
-        for stream_id in done:
-            del self._in_quic[stream_id]
-        return total
+        """Stream bytes in QUIC that are sendable now but not yet sent."""
+        return self._view.unsent()
 
     @property
     def buffered_bytes(self) -> int:
-        """Queued bytes plus bytes in aioquic not yet sent (back-pressure measure)."""
-        total = self.queued_bytes
-        if self._native:
-            return total + int(self._quic.get_send_buffer_size())  # type: ignore[attr-defined]
-        for stream in self._in_quic.values():
-            sender = stream.sender
-            if sender._reset_error_code is None:
-                total += max(0, sender._buffer_stop - sender.highest_offset)
-        return total
+        """Queued bytes plus bytes in QUIC not yet sent (back-pressure measure)."""
+        return self.queued_bytes + self._view.buffered()
 
     @property
     def has_queued(self) -> bool:
@@ -167,36 +141,38 @@ class SendScheduler:
 
     # -- draining -------------------------------------------------------------------
 
-    def _stream(self, stream_id: int) -> QuicStream | None:
-        stream = self._quic._streams.get(stream_id)
-        if stream is None:
-            # create the aioquic stream (local streams are normally created on open)
-            self._quic.send_stream_data(stream_id, b"")
-            stream = self._quic._streams.get(stream_id)
-        return stream
-
     def _unpark(self) -> None:
         for stream_id in list(self._parked):
             queue = self._queues.get(stream_id)
-            stream = self._quic._streams.get(stream_id)
-            if queue is None or stream is None:
+            if queue is None:
                 self._parked.discard(stream_id)
                 continue
-            if not stream.is_blocked and stream.max_stream_data_remote > (
-                stream.sender._buffer_stop
-            ):
+            try:
+                credit = self._view.credit(stream_id)
+            except self._errors as exc:
+                logger.debug("stream %d: cannot send (%s), dropping queued data", stream_id, exc)
+                self.drop(stream_id)
+                continue
+            if credit is None or credit > 0:
                 self._parked.discard(stream_id)
                 queue.parked = False
                 queue.in_heap = True
                 heapq.heappush(self._heap, (queue.priority, queue.seq, stream_id))
 
+    def _park(self, queue: _Queue, stream_id: int) -> None:
+        heapq.heappop(self._heap)
+        queue.in_heap = False
+        queue.parked = True
+        self._parked.add(stream_id)
+
     def refill(self) -> int:
-        """Hand queued data to aioquic by priority up to the watermark; return bytes moved."""
+        """Hand queued data to QUIC by priority up to the watermark; return bytes moved."""
         if self._parked:
             self._unpark()
         if not self._heap:
             return 0
-        budget = self.watermark - self.unsent_bytes()
+        view, errors = self._view, self._errors
+        budget = self.watermark - view.unsent()
         moved = 0
         heap = self._heap
         while budget > 0 and heap:
@@ -212,50 +188,34 @@ class SendScheduler:
                 if queue is not None and queue.seq == seq and not queue.chunks:
                     queue.in_heap = False
                 continue
-            if self._native:
-                view, end = queue.chunks[0]
-                take = min(view.nbytes - queue.offset, budget, self.chunk_size)
-                if not self._native_send(queue, stream_id, take):
+            chunk, end = queue.chunks[0]
+            remaining = chunk.nbytes - queue.offset
+            take = min(remaining, budget, self.chunk_size)
+            if remaining:
+                try:
+                    credit = view.credit(stream_id)
+                except errors as exc:
+                    logger.debug("stream %d: cannot send (%s), dropping queued data",
+                                 stream_id, exc)
                     heapq.heappop(heap)
                     self.drop(stream_id)
                     continue
-                budget -= take
-                moved += take
-                continue
-            try:
-                stream = self._stream(stream_id)
-            except (ValueError, RuntimeError) as exc:
-                logger.debug("stream %d: cannot send (%s), dropping queued data", stream_id, exc)
-                heapq.heappop(heap)
-                self.drop(stream_id)
-                continue
-            if stream is None:  # pragma: no cover - defensive
-                heapq.heappop(heap)
-                self.drop(stream_id)
-                continue
-            view, end = queue.chunks[0]
-            remaining = view.nbytes - queue.offset
-            take = min(remaining, budget, self.chunk_size)
-            if remaining:
-                credit = stream.max_stream_data_remote - stream.sender._buffer_stop
-                if stream.is_blocked or credit <= 0:
-                    heapq.heappop(heap)
-                    queue.in_heap = False
-                    queue.parked = True
-                    self._parked.add(stream_id)
-                    continue
-                take = min(take, credit)
-            piece = view[queue.offset : queue.offset + take]
-            last = queue.offset + take == view.nbytes
+                if credit is not None:
+                    if credit <= 0:
+                        self._park(queue, stream_id)
+                        continue
+                    take = min(take, credit)
+            piece = chunk[queue.offset : queue.offset + take]
+            last = queue.offset + take == chunk.nbytes
             fin = end and last
             try:
-                self._quic.send_stream_data(stream_id, piece, end_stream=fin)  # type: ignore[arg-type]
-            except (ValueError, RuntimeError) as exc:
+                self._quic.send_stream_data(stream_id, piece, end_stream=fin)
+            except errors as exc:
                 logger.debug("stream %d: send failed (%s), dropping queued data", stream_id, exc)
                 heapq.heappop(heap)
                 self.drop(stream_id)
                 continue
-            self._in_quic[stream_id] = stream
+            view.sent(stream_id)
             budget -= take
             moved += take
             self._consumed(queue, stream_id, take, last, fin)
@@ -284,18 +244,3 @@ class SendScheduler:
                 self._priorities.pop(stream_id, None)
             else:
                 self.drained.append(stream_id)
-
-    def _native_send(self, queue: _Queue, stream_id: int,
-                     take: int) -> bool:
-        """qh3: hand ``take`` bytes of the head chunk to QUIC; False if the stream is gone."""
-        view, end = queue.chunks[0]
-        piece = view[queue.offset : queue.offset + take]
-        last = queue.offset + take == view.nbytes
-        fin = end and last
-        try:
-            self._quic.send_stream_data(stream_id, piece, end_stream=fin)  # type: ignore[arg-type]
-        except Exception as exc:  # qh3 raises its own error types
-            logger.debug("stream %d: send failed (%s), dropping queued data", stream_id, exc)
-            return False
-        self._consumed(queue, stream_id, take, last, fin)
-        return True

@@ -286,11 +286,13 @@ def test_container_blocks_need_a_block_key() -> None:
 # ---------------------------------------------------------------------- signed digests
 
 
-def manifest(listed_layers: int, data: list | None = None) -> Manifest:
+def manifest(listed_layers: int, data: list | None = None,
+             tracks: dict[Component, TrackName] = KV_TRACKS) -> Manifest:
     """A manifest listing the object digests of the first ``listed_layers`` layers."""
-    digests = {str(t): [[data_digest(obj(kind, layer, b, data)).hex() for b in range(BLOCKS)]
-                        for layer in range(listed_layers)] for kind, t in KV_TRACKS.items()}
-    seg = Segment(0, 0, BLOCKS, "00" * 32, [str(t) for t in KV_TRACKS.values()],
+    digests = {str(t): [[data_digest(obj(kind, layer, b, data, codec=t.codec or "")).hex()
+                         for b in range(BLOCKS)] for layer in range(listed_layers)]
+               for kind, t in tracks.items()}
+    seg = Segment(0, 0, BLOCKS, "00" * 32, [str(t) for t in tracks.values()],
                   listed_layers == LAYERS, digests)
     return Manifest.for_descriptor(DESC, segments=[seg])
 
@@ -333,7 +335,6 @@ def test_signed_layers_wait_for_the_manifest_and_drop_what_differs() -> None:
 def test_signed_containers_confirmed_by_raw_digests() -> None:
     asm = assembler(require_signed=True)
     asm.use_manifest(manifest(LAYERS))
-    assert asm.containers_usable
     for b in range(BLOCKS):
         asm.accept_container(b, container(b))
     assert [x.index for x in asm.pop_ready()] == [0, 1, 2]
@@ -344,9 +345,27 @@ def test_signed_containers_confirmed_by_raw_digests() -> None:
         forged.accept_container(b, container(b))
     assert forged.pop_ready() == []
     assert forged.missing() == {layer: [0] for layer in range(LAYERS)}
-    signed_q8 = assembler(require_signed=True, tracks={KV: TrackName.data(KV, "q8", 0)})
-    assert not signed_q8.containers_usable
-    assert not signed_q8.accept_container(0, container(0))
+
+
+@pytest.mark.parametrize("codec", ["q8", "zstd"])
+def test_signed_non_raw_tracks_confirm_containers_by_encoding_again(codec: str) -> None:
+    """A raw container stands for the q8/zstd objects its rows encode to: the signed
+    digests of those objects confirm it (KVCS: HTTP recovery of signed non-raw tracks)."""
+    tracks = {KV: TrackName.data(KV, codec, 0)}
+    asm = assembler(require_signed=True, tracks=tracks)
+    asm.use_manifest(manifest(LAYERS, tracks=tracks))
+    for b in range(BLOCKS):
+        assert asm.accept_container(b, container(b))
+    got = asm.pop_ready()
+    assert [x.index for x in got] == [0, 1, 2]
+    assert all(same(x.k, DATA[x.index][0]) for x in got)  # the exact rows, not q8's
+    forged = assembler(require_signed=True, tracks=tracks)
+    forged.use_manifest(manifest(LAYERS, tracks=tracks))
+    forged.accept_container(2, container(2, cache(seed=4)))
+    assert forged.missing() == {layer: [0, 1, 2, 3] for layer in range(LAYERS)}
+    for b in (0, 1, 3):
+        forged.accept_container(b, container(b))
+    assert forged.pop_ready() == [] and forged.missing() == {layer: [2] for layer in range(LAYERS)}
 
 
 def test_signed_needs_tracks_and_a_manifest_of_this_segment() -> None:
@@ -390,6 +409,61 @@ def test_digest_helpers_agree() -> None:
     k, _ = DATA[1]
     assert data_digest(p) == data_digest(p[:68]) == hashlib.sha256(
         k[2 * B:3 * B].tobytes()).digest()
+
+
+def test_select_tracks_by_preference_skipping_what_is_not_implemented(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    offered = seg("k.raw.s0", "v.raw.s0", "kv.zstd.s0", "kv.brotli.s0", "k.q8.s0", "v.q8.s0")
+    assert select_tracks(offered, ["brotli", "zstd", "raw"]) == {
+        KV: TrackName.parse("kv.zstd.s0")}  # brotli is listed but not implemented here
+    assert select_tracks(offered, ["q8", "zstd"])[K] == TrackName.parse("k.q8.s0")
+    import kvcs.kv.assembly as assembly
+
+    monkeypatch.setattr(assembly, "zstd_available", lambda: False)  # zstandard missing
+    assert select_tracks(offered, ["zstd", "raw"]) == KV_TRACKS
+    with pytest.raises(ManifestError, match="no usable tracks"):
+        select_tracks(offered, ["brotli", "zstd"])
+
+
+# ---------------------------------------------------------------------- listed digests
+
+
+def test_unsigned_manifest_digests_are_checked_when_listed() -> None:
+    """A manifest without a signature still lists object digests: an object that differs
+    is discarded at receipt (listed layer) or when its layer is handed out (listed later)."""
+    other = cache(seed=5)
+    asm = assembler()
+    asm.use_manifest(manifest(1))
+    assert asm.accept(K, 0, 1, obj(K, 0, 1, other)) is Outcome.REJECTED
+    feed_layer(asm, 0)
+    assert [x.index for x in asm.pop_ready()] == [0]
+    for kind in (K, V):  # layer 1: not listed yet, a foreign object is placed
+        for b in range(BLOCKS):
+            asm.accept(kind, 1, b, obj(kind, 1, b, other if (kind, b) == (V, 3) else None))
+    asm.use_manifest(manifest(2))
+    assert asm.pop_ready() == [] and asm.missing()[1] == [3]
+    assert asm.stats.rejected == 2
+    feed_layer(asm, 2)
+    unlisted = asm.missing()
+    assert 2 not in unlisted  # unsigned and not listed: usable as received
+
+
+def test_partial_keeps_what_was_verified() -> None:
+    asm = assembler()
+    feed_layer(asm, 0)
+    asm.pop_ready()
+    for kind in (K, V):
+        for b in (0, 2):
+            asm.accept(kind, 1, b, obj(kind, 1, b))
+    asm.accept(K, 1, 3, obj(K, 1, 3))
+    partial = asm.partial()
+    assert set(partial) == {1}  # layer 2: nothing verified
+    layer = partial[1]
+    assert asm.missing()[1] == [1, 3]
+    assert same(layer.k[:B], DATA[1][0][:B]) and same(layer.v[2 * B:3 * B],
+                                                      DATA[1][1][2 * B:3 * B])
+    assert not layer.k[B:2 * B].astype(np.float32).any()  # missing rows are zero
+    assert not layer.v[3 * B:].astype(np.float32).any()
 
 
 # --------------------------------------------------------------------------- protected
@@ -528,7 +602,6 @@ def test_protected_containers_need_the_manifest_digests() -> None:
     keys = content_keys(1)
     asm = protected(keys)
     asm.use_manifest(manifest(1))  # lists layer 0 only
-    assert asm.containers_usable
     for b in range(BLOCKS):
         asm.accept_container(b, container(b))
     assert [x.index for x in asm.pop_ready()] == [0]
@@ -542,8 +615,14 @@ def test_protected_containers_need_the_manifest_digests() -> None:
         forged.accept_container(b, container(b))
     assert forged.pop_ready() == [] and forged.missing() == {layer: [0] for layer in range(3)}
     feed_layer_protected(forged, keys, 0)  # objects that decrypt need no listing
-    q8 = protected(keys, tracks={KV: TrackName.data(KV, "q8", 0)})
-    assert not q8.containers_usable
+    # a q8 track's listed digests confirm containers encoded again, listed layers only
+    q8_tracks = {KV: TrackName.data(KV, "q8", 0)}
+    q8 = protected(keys, tracks=q8_tracks)
+    q8.use_manifest(manifest(1, tracks=q8_tracks))
+    for b in range(BLOCKS):
+        assert q8.accept_container(b, container(b))
+    assert [x.index for x in q8.pop_ready()] == [0]
+    assert q8.missing() == {1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
 
 
 @pytest.mark.parametrize("codec", ["q8", "zstd"])

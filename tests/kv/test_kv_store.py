@@ -78,3 +78,43 @@ def test_store_cache_writes_every_complete_block(tmp_path: Path) -> None:
             assert np.array_equal(v[layer], vs[layer][4 * i: 4 * i + 4])
     with pytest.raises(ValueError):
         store_cache(store, DESC, SCOPE, tokens, ks[:2], vs)
+
+
+def test_expired_containers_are_not_served_and_are_removed(tmp_path: Path) -> None:
+    import time
+
+    store = BlockStore(tmp_path)
+    keys = [bytes([i]) * 32 for i in range(4)]
+    now = time.time()
+    store.put(SID, DESC.compat_id, keys[0], b"old", expires_at=now + 100)
+    store.put(SID, DESC.compat_id, keys[1], b"fresh", expires_at=now + 200)
+    store.put(SID, DESC.compat_id, keys[2], b"forever")
+    assert store.expires_at(SID, DESC.compat_id, keys[0]) == now + 100
+    assert store.expires_at(SID, DESC.compat_id, keys[2]) is None
+    assert store.remove_expired(now=now + 150) == 1
+    assert not store.path(SID, DESC.compat_id, keys[0]).exists()
+    assert not store.path(SID, DESC.compat_id, keys[0]).with_suffix(".expires").exists()
+    assert store.get(SID, DESC.compat_id, keys[1]) == b"fresh"
+    # reading an expired container removes it
+    store.put(SID, DESC.compat_id, keys[1], b"stale", expires_at=now - 1)
+    assert store.get(SID, DESC.compat_id, keys[1]) is None
+    assert not store.has(SID, DESC.compat_id, keys[1])
+    assert [p.name for p in store.path(SID, DESC.compat_id, keys[2]).parent.iterdir()] == [
+        f"{keys[2].hex()}.kvsp"]
+    # a new put without retention makes a container permanent again
+    store.put(SID, DESC.compat_id, keys[3], b"x", expires_at=now - 1)
+    store.put(SID, DESC.compat_id, keys[3], b"y")
+    assert store.get(SID, DESC.compat_id, keys[3]) == b"y"
+
+
+def test_store_cache_retention(tmp_path: Path) -> None:
+    import time
+
+    rng = np.random.default_rng(0)
+    ks = [rng.standard_normal((8, 2, 8)).astype(np.float16) for _ in range(3)]
+    store = BlockStore(tmp_path)
+    before = time.time()
+    keys = store_cache(store, DESC, SCOPE, np.arange(8), ks, ks, retention_s=60)
+    for key in keys:
+        until = store.expires_at(SID, DESC.compat_id, key)
+        assert until is not None and before + 60 <= until <= time.time() + 60

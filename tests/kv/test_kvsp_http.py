@@ -167,3 +167,68 @@ async def test_corrupted_container_is_served_but_rejected(server: KvspServer,
     with pytest.raises(ContainerError, match="block key"):
         read_container(server.store.get(SID, DESC.compat_id, KEYS[1]) or b"",
                        descriptor=DESC, expected_block_key=KEYS[0])
+
+
+# ---------------------------------------------------------------------- index and retention
+
+NS_URI = ("moqt://relay.example:4443/#kvcs-1/" + SID.hex() + "/" + DESC.compat_id.hex()
+          + "/" + KEYS[2].hex() + "/" + "ab" * 16)  # a hex-namespace publication
+
+
+async def test_registered_replicas_are_answered_until_they_expire(
+        server: KvspServer, cert: DevCertificate) -> None:
+    async with _client(server, cert, token="publisher-only") as pub:
+        await pub.register(SID, DESC.compat_id, KEYS, NS_URI, ttl=0.5)
+        await pub.register(SID, DESC.compat_id, KEYS[2:], "https://other.example:8443", ttl=60)
+        with pytest.raises(KvspError, match="403"):  # may publish, not read
+            await pub.lookup(SID, DESC.compat_id, KEYS)
+    async with _client(server, cert) as reader:
+        got = await reader.lookup(SID, DESC.compat_id, KEYS)
+        assert got[KEYS[0]][1:] == [NS_URI]  # after the holder's own copy
+        assert got[KEYS[2]] == [NS_URI, "https://other.example:8443/kvsp/v1/" + SID.hex()
+                                + "/" + DESC.compat_id.hex() + "/blocks/" + KEYS[2].hex()]
+        with pytest.raises(KvspError, match="403"):  # may read, not register
+            await reader.register(SID, DESC.compat_id, KEYS, NS_URI, ttl=60)
+        import asyncio
+
+        await asyncio.sleep(0.6)
+        got = await reader.lookup(SID, DESC.compat_id, KEYS)
+        assert NS_URI not in got[KEYS[0]] and len(got[KEYS[2]]) == 1
+
+
+@pytest.mark.parametrize("change", [
+    {"holder": "moqt://relay:4443/"},  # names no namespace
+    {"holder": "http://holder:80"}, {"holder": "https://holder:1/some/path"},
+    {"holder": 7}, {"ttl": 0}, {"ttl": 10 ** 9}, {"ttl": True}, {"block_keys": ["00"]},
+])
+async def test_register_rejects_malformed_records(server: KvspServer, cert: DevCertificate,
+                                                  change: dict) -> None:
+    body = {"compat": DESC.compat_id.hex(), "block_keys": [KEYS[0].hex()], "holder": NS_URI,
+            "ttl": 60, **change}
+    url = f"{server.url}/kvsp/v1/{SID.hex()}/replicas"
+    ctx = ssl.create_default_context(cafile=str(cert.certfile))
+    headers = {"Authorization": "Bearer publisher-only"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s, \
+            s.post(url, json=body, headers=headers) as r:
+        assert r.status == 400
+    assert len(server.index) == 0
+
+
+async def test_expired_containers_are_not_served_and_are_swept(
+        tmp_path: Path, cert: DevCertificate) -> None:
+    import asyncio
+
+    rng = np.random.default_rng(4)
+    ks = [rng.standard_normal((12, 2, 8)).astype(np.float16) for _ in range(2)]
+    store = BlockStore(tmp_path / "short")
+    store_cache(store, DESC, SCOPE, TOKENS, ks, ks, retention_s=0.4)
+    srv = KvspServer(store, authorizer=AUTH, certfile=str(cert.certfile),
+                     keyfile=str(cert.keyfile), sweep_interval=0.1)
+    async with srv, _client(srv, cert) as client:
+        assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is not None
+        assert sorted(await client.lookup(SID, DESC.compat_id, KEYS)) == sorted(KEYS)
+        await asyncio.sleep(0.6)
+        # swept: gone from disk without anyone asking for them
+        assert not any(store.root.rglob("*.kvsp"))
+        assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is None
+        assert await client.lookup(SID, DESC.compat_id, KEYS) == {}

@@ -13,6 +13,7 @@ import pytest
 
 from kvcs.cli import build_parser, main, relay_config
 from kvcs.relay import ConfigError
+from kvcs.transport import DevCertificate
 
 PY = sys.executable
 
@@ -129,3 +130,27 @@ def test_kvsp_flags_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[st
         assert main(["relay", "--anonymous", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and want in err[0], err
+
+
+def test_busy_port_names_the_address_that_is_busy(tmp_path: Path,
+                                                  cert: DevCertificate) -> None:
+    """A busy --metrics (TCP) or --listen (UDP) port: status 2 and one line on stderr
+    naming that address, nothing else."""
+    import socket
+
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        udp.bind(("127.0.0.1", 0))
+        metrics = f"127.0.0.1:{tcp.getsockname()[1]}"
+        listen = f"127.0.0.1:{udp.getsockname()[1]}"
+        for flags, busy in ((["--listen", "127.0.0.1:0", "--metrics", metrics],
+                             f"{metrics} (--metrics)"),
+                            (["--listen", listen], listen)):
+            p = run("relay", "--anonymous", "--tls-cert", str(cert.certfile), "--tls-key",
+                    str(cert.keyfile), *flags, cwd=tmp_path)
+            assert p.returncode == 2
+            lines = p.stderr.splitlines()
+            want = f"kvcs relay: error: cannot listen on {busy}: "
+            assert len(lines) == 1 and lines[0].startswith(want), p.stderr
+            assert "in use" in lines[0] and "('127.0.0.1'" not in lines[0]

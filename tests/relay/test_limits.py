@@ -11,6 +11,7 @@ from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectStatus
 from kvcs.relay.cache import exact_payload
 from kvcs.testing import until
+from kvcs.transport.testing import raw_stream_id, raw_write
 
 from .conftest import NEXT, WHOLE, Env, SilentEndpoint, end_track, payload, publish_group
 
@@ -91,19 +92,16 @@ async def test_malformed_bytes_close_only_that_session(env: Env) -> None:
     sub = await good.subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
     task = asyncio.create_task(sub.collect(timeout=8))
     bad = await env.client(relay)
-    quic = bad.conn._quic
-    sid = quic.get_next_available_stream_id(False)
+    sid = raw_stream_id(bad.conn, unidirectional=False)
     # SUBSCRIBE type with a length that runs past garbage, then FIN
-    quic.send_stream_data(sid, b"\x03\x00\x05\xff\xff\xff\xff\xff", end_stream=True)
-    bad.conn.transmit()
+    raw_write(bad.conn, sid, b"\x03\x00\x05\xff\xff\xff\xff\xff", end=True)
     code, _ = await asyncio.wait_for(bad.wait_closed(), 5)
     assert code == SessionCode.PROTOCOL_VIOLATION
     # a second hostile client: a data stream for an unknown alias is just ignored,
     # a second SETUP is a protocol violation
     bad2 = await env.client(relay)
     ctrl = bad2.session._control
-    bad2.conn._quic.send_stream_data(ctrl, b"\x2f\x00\x00\x01\x00")  # SETUP again
-    bad2.conn.transmit()
+    raw_write(bad2.conn, ctrl, b"\x2f\x00\x00\x01\x00")  # SETUP again
     code2, _ = await asyncio.wait_for(bad2.wait_closed(), 5)
     assert code2 == SessionCode.PROTOCOL_VIOLATION
     # the others continue undisturbed

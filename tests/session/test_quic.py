@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvcs.endpoint import Endpoint, serve_endpoints
+from kvcs.admission import Limits
+from kvcs.auth import Authorizer
+from kvcs.endpoint import Endpoint, FetchResult, MoqtRequestError, serve_endpoints
 from kvcs.hosting import TrackHost
 from kvcs.moqt import events as ev
-from kvcs.moqt.errors import SessionCode
+from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.wire import (
+    AuthToken,
     Location,
     LocationFilter,
     ObjectStatus,
@@ -31,6 +34,7 @@ from kvcs.moqt.wire import (
 )
 from kvcs.testing import until
 from kvcs.transport import DevCertificate, QuicSettings
+from kvcs.transport.testing import raw_stream_id, raw_write
 
 SETTINGS = QuicSettings.loopback()
 NS = (b"kv", b"quic")
@@ -320,8 +324,7 @@ async def test_track_host_serves_one_origin_to_every_session(cert: DevCertificat
 
 
 def _raw_write(ep: Endpoint, stream_id: int, data: bytes, end: bool = False) -> None:
-    ep.conn._quic.send_stream_data(stream_id, data, end)
-    ep.conn.transmit()
+    raw_write(ep.conn, stream_id, data, end)
 
 
 @pytest.mark.parametrize(
@@ -336,7 +339,7 @@ def _raw_write(ep: Endpoint, stream_id: int, data: bytes, end: bool = False) -> 
 )
 async def test_misbehaving_raw_peer_is_closed(srv: Srv, case: str, code: int) -> None:
     ep, peer = await srv.connect("moqt")
-    control = ep.session._control
+    control = ep.session.control_stream_id
     sub = encode_message(Subscribe(1 if case == "wrong_parity" else 0, NS, b"t", Parameters()))
     if case == "unknown_type":
         _raw_write(ep, control, b"\x7e\x00\x00")
@@ -347,7 +350,7 @@ async def test_misbehaving_raw_peer_is_closed(srv: Srv, case: str, code: int) ->
     elif case == "control_fin":
         _raw_write(ep, control, b"", end=True)
     else:
-        sid = ep.conn._quic.get_next_available_stream_id(False)
+        sid = raw_stream_id(ep.conn, False)
         _raw_write(ep, sid, sub[:-1] if case == "truncated_request" else sub,
                    end=case == "truncated_request")
     closed = await asyncio.wait_for(ep.wait_closed(), 5)
@@ -368,7 +371,7 @@ async def test_data_stream_ending_inside_object_over_quic(srv: Srv) -> None:
     w = SubgroupWriter(SubgroupHeader(alias, 1, 0, None))
     raw = w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"whole"
     raw += w.object_prefix(1, 100, 0, None) + b"only part"
-    sid = bad.conn._quic.get_next_available_stream_id(True)
+    sid = raw_stream_id(bad.conn, True)
     _raw_write(bad, sid, raw, end=True)
     closed = await asyncio.wait_for(peer.wait_closed(), 5)
     assert closed[0] == SessionCode.PROTOCOL_VIOLATION
@@ -391,7 +394,7 @@ async def test_unknown_alias_stream_over_quic_leaves_other_tracks(srv: Srv) -> N
     track = bad.create_track(NS, b"pub")
     sub = await peer.subscribe(NS, b"pub")
     w = SubgroupWriter(SubgroupHeader(999, 0, 0, None))
-    sid = bad.conn._quic.get_next_available_stream_id(True)
+    sid = raw_stream_id(bad.conn, True)
     _raw_write(bad, sid, w.header_bytes() + w.object_prefix(0, 5, 0, None) + b"stray", True)
     bad.publish(track, 0, 0, b"real")
     bad.publish(track, 0, 1, b"", status=ObjectStatus.END_OF_TRACK)
@@ -399,3 +402,89 @@ async def test_unknown_alias_stream_over_quic_leaves_other_tracks(srv: Srv) -> N
     assert got == [(Location(0, 0), b"real"), (Location(0, 1), b"")]
     assert not peer.is_closed and not bad.is_closed
     await _close(bad)
+
+
+# ---------------------------------------------------------------- a host's admission
+
+
+@contextlib.asynccontextmanager
+async def hosting(cert: DevCertificate, **kw: object) -> AsyncIterator[tuple[TrackHost, str]]:
+    """A TrackHost listening on an ephemeral port; yields it and its URL."""
+    host = TrackHost(**kw)  # type: ignore[arg-type]
+    server = await host.listen("127.0.0.1", 0, certfile=str(cert.certfile),
+                               keyfile=str(cert.keyfile), settings=SETTINGS)
+    try:
+        yield host, f"moqt://127.0.0.1:{server.port}/"
+    finally:
+        await host.aclose()
+
+
+async def test_track_host_limits_requests_and_fetches_per_session(
+        cert: DevCertificate) -> None:
+    """A publisher serving consumers itself refuses what the relay refuses: more open
+    requests or concurrent FETCHes per session than its limits, with EXCESSIVE_LOAD and
+    the Retry Interval."""
+    async with hosting(cert, limits=Limits(max_requests=3, max_fetches=1,
+                                           retry_ms=250)) as (host, url):
+        track = host.create_track(NS, b"big")
+        for o in range(64):  # 8 MiB: a FETCH of it outlasts the arrival of the next one
+            host.publish(track, 0, o, bytes([o]) * (128 * KiB))
+        c = await Endpoint.connect(url, cafile=str(cert.certfile), settings=SETTINGS)
+        first, second = await asyncio.gather(
+            c.fetch(NS, b"big", location_filter=LocationFilter.none()),
+            c.fetch(NS, b"big", location_filter=LocationFilter.none()),
+            return_exceptions=True)
+        assert isinstance(first, FetchResult)
+        assert isinstance(second, MoqtRequestError)
+        assert second.code == RequestErrorCode.EXCESSIVE_LOAD and second.retry_interval == 250
+        assert len(await first.collect(timeout=10)) == 64
+        # the fetch is over: another one is admitted; live subscriptions count as open
+        again = await c.fetch(NS, b"big", location_filter=LocationFilter.absolute_range(
+            0, 0, 0, 1))
+        assert len(await again.collect(timeout=5)) == 2
+        subs = [await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+                for _ in range(3)]
+        with pytest.raises(MoqtRequestError) as info:
+            await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+        assert info.value.code == RequestErrorCode.EXCESSIVE_LOAD
+        assert info.value.retry_interval == 250
+        await subs[0].cancel()
+        await until(lambda: host.endpoints[0].open_requests() == 2)
+        await c.subscribe(NS, b"big", location_filter=LocationFilter.next_object())
+        await _close(c)
+
+
+async def test_track_host_requires_the_relays_tokens(cert: DevCertificate) -> None:
+    auth = Authorizer.from_mapping({"tokens": [
+        {"token": "reader", "subscribe": [["kv"]]},
+        {"token": "other", "subscribe": [["elsewhere"]]},
+    ]})
+    async with hosting(cert, authorizer=auth) as (host, url):
+        await host.announce(NS)
+        track = host.create_track(NS, b"t")
+        host.publish(track, 0, 0, b"for readers only")
+
+        async def client(token: bytes | None) -> Endpoint:
+            tokens = (AuthToken(3, token_type=0, value=token),) if token else ()
+            return await Endpoint.connect(url, cafile=str(cert.certfile), settings=SETTINGS,
+                                          auth_tokens=tokens)
+
+        for token in (None, b"other"):
+            c = await client(token)
+            for request in (c.subscribe(NS, b"t"), c.subscribe_namespace((b"kv",)),
+                            c.fetch(NS, b"t", location_filter=LocationFilter.none()),
+                            c.track_status(NS, b"t")):
+                with pytest.raises(MoqtRequestError) as info:
+                    await request
+                assert info.value.code == RequestErrorCode.UNAUTHORIZED
+            await _close(c)
+        reader = await client(b"reader")
+        res = await reader.fetch(NS, b"t", location_filter=LocationFilter.none())
+        assert [bytes(o.payload) for o in await res.collect(timeout=5)] == [b"for readers only"]
+        watch = await reader.subscribe_namespace((b"kv",))
+        assert await watch.next(5) == (True, NS)
+        # a token alias (we keep no token cache) closes the session, as at the relay
+        reader.session.subscribe(NS, b"t", Parameters(auth_tokens=(AuthToken(2, alias=7),)))
+        reader.flush()
+        code, _ = await asyncio.wait_for(reader.wait_closed(), 5)
+        assert code == SessionCode.UNKNOWN_AUTH_TOKEN_ALIAS

@@ -113,6 +113,32 @@ def test_requests_pipelined_before_peer_setup_are_buffered() -> None:
     assert not p.closed
 
 
+def test_data_reset_and_datagram_before_peer_setup_are_replayed_in_order() -> None:
+    from kvcs.moqt.wire import ObjectRecord
+
+    p = Pair()
+    rid = p.client.subscribe(NS, b"t")
+    p._deliver(p.client.actions(), p.server, "server")
+    p.events(p.server)
+    p.server.subscribe_ok(rid, track_alias=4)
+    sid = p.server.open_subgroup(rid, 0)
+    p.server.write_object(sid, 0, b"early")
+    p.server.reset_data_stream(sid, StreamResetCode.DELIVERY_TIMEOUT)
+    p.server.send_datagram(rid, ObjectRecord(1, 0, 0, 128, 0, (), b"dgram"))
+    acts = p.server.actions()
+    control = [a for a in acts if getattr(a, "stream_id", None) == 3]
+    p._deliver([a for a in acts if a not in control], p.client, "client")
+    assert kinds(p.events(p.client)) == ["SubscribeAccepted"]  # on our own request stream
+    p._deliver(control, p.client, "client")
+    evs = p.events(p.client)
+    assert kinds(evs) == ["SessionEstablished", "ObjectReceived", "DataStreamEnded",
+                          "ObjectReceived"]
+    assert bytes(evs[1].record.payload) == b"early"
+    assert evs[2].reset_code == StreamResetCode.DELIVERY_TIMEOUT
+    assert bytes(evs[3].record.payload) == b"dgram"
+    assert not p.closed
+
+
 def test_request_id_parity_and_sequence() -> None:
     p = established()
     ids_c = [p.client.track_status(NS, b"t"), p.client.fetch(NS, b"t"),
@@ -163,7 +189,7 @@ def test_subscribe_ok_objects_publish_done_stream_count() -> None:
     assert kinds(evs)[-1] == "SubscriptionEnded"
     assert server.active == 0
     # both sides forgot the request
-    assert rid not in p.client._requests and rid not in p.server._requests
+    assert not p.client.has_request(rid) and not p.server.has_request(rid)
     assert not p.closed
 
 
@@ -232,13 +258,12 @@ def test_track_status_request_ok_then_fin() -> None:
     assert isinstance(ok, ev.RequestAccepted) and ok.request_id == rid
     assert ok.message.params.largest_object == Location(1, 2)
     assert tuple(ok.message.track_properties) == ((0x04, 5000),)
-    stream = p.client._requests.get(rid)
     # the server FINed its side right after REQUEST_OK
     fins = [a for n, a in p.wire if n == "client" and isinstance(a, SendStreamData)
             and a.stream_id == 0 and a.end]
     assert fins, "no FIN after TRACK_STATUS_OK"
     # REQUEST_UPDATE is not allowed on TRACK_STATUS
-    if stream is not None:
+    if p.client.has_request(rid):
         try:
             p.client.request_update(rid, Parameters())
         except ValueError:
@@ -296,13 +321,15 @@ def test_subscribe_namespace_namespace_and_done() -> None:
 
 def test_namespace_done_before_namespace_is_violation() -> None:
     p = established()
-    p.client.subscribe_namespace((b"kv",))
+    rid = p.client.subscribe_namespace((b"kv",))
     p.pump()
     (req,) = p.events(p.server)
     p.server.request_ok(req.request_id)
     from kvcs.moqt.wire import NamespaceDone
 
-    p.server._send_on(p.server._requests[req.request_id], NamespaceDone((b"zz",)))
+    # what a misbehaving server would send on the request stream
+    sid = p.client.subscription_info(rid).stream_id
+    p.client.stream_data(sid, encode_message(NamespaceDone((b"zz",))), False)
     p.pump()
     assert p.closed_by["client"][0] == SessionCode.PROTOCOL_VIOLATION
 
@@ -317,7 +344,7 @@ def test_publish_from_peer_request_ok_objects_and_done() -> None:
     p.pump()
     (req,) = p.events(p.client)
     assert isinstance(req, ev.RequestReceived) and isinstance(req.message, Publish)
-    assert req.message.track_alias == p.server._requests[rid].track_alias
+    assert req.message.track_alias == p.server.subscription_info(rid).track_alias
     p.client.request_ok(req.request_id)
     sid = p.server.open_subgroup(rid, 0, 0, 3)
     p.server.write_object(sid, 0, b"hello")
@@ -382,7 +409,7 @@ def test_max_request_updates_exceeded_closes_session() -> None:
         raise AssertionError("client exceeded the peer's MAX_REQUEST_UPDATES")
     # a misbehaving peer does it anyway
     raw = encode_message(RequestUpdate(rid + 4, Parameters(subscriber_priority=2)))
-    p.client._emit(SendStreamData(p.client._requests[rid].stream_id, raw))
+    p.server.stream_data(p.client.subscription_info(rid).stream_id, raw, False)
     p.pump()
     assert p.closed_by["server"][0] == SessionCode.TOO_MANY_REQUEST_UPDATES
 
@@ -429,7 +456,7 @@ def test_second_goaway_is_violation() -> None:
     from kvcs.moqt.wire import GoAway
 
     p.server.goaway()
-    p.server._emit(SendStreamData(p.server._control, encode_message(GoAway(b"", 0))))
+    p.client.stream_data(p.server.control_stream_id, encode_message(GoAway(b"", 0)), False)
     p.pump()
     assert close_codes([a for n, a in p.wire if n == "client"]) == []  # server sent none
     assert p.closed_by["client"][0] == SessionCode.PROTOCOL_VIOLATION
@@ -481,7 +508,7 @@ def test_stop_sending_on_a_data_stream_resets_only_it() -> None:
     objs = of_type(p.events(p.client), ev.ObjectReceived)
     sid_a, sid_b = objs[0].stream_id, objs[1].stream_id
     assert sid_a != sid_b
-    p.client._emit(StopSending(sid_a, StreamResetCode.CANCELLED))
+    p.server.stop_sending(sid_a, StreamResetCode.CANCELLED)  # from the client
     p.pump()
     resets = [a for n, a in p.wire if n == "client" and isinstance(a, ResetStream)]
     assert [r.stream_id for r in resets] == [sid_a]

@@ -342,3 +342,53 @@ def test_nothing_sent_after_close() -> None:
     assert s.actions() == []
     assert of_type(list(s.events()), ev.RequestReceived) == []
     assert not any(isinstance(a, SendStreamData) for a in s.actions())
+
+
+# ----------------------------------------------------------------------- track aliases
+
+
+def _two_subscribes(second: bytes) -> tuple[Pair, int, int]:
+    p = established()
+    first = p.client.subscribe(NS, b"t")
+    other = p.client.subscribe(NS, second)
+    p.pump()
+    p.events(p.server)
+    return p, first, other
+
+
+def test_one_alias_for_two_tracks_is_duplicate_track_alias() -> None:
+    p, first, other = _two_subscribes(b"u")
+    p.server.subscribe_ok(first, track_alias=5)
+    p.server.subscribe_ok(other, track_alias=5)
+    p.pump()
+    assert p.closed_by["client"][0] == SessionCode.DUPLICATE_TRACK_ALIAS
+
+
+def test_subscriptions_to_one_track_may_share_an_alias() -> None:
+    p, first, other = _two_subscribes(b"t")
+    p.server.subscribe_ok(first, track_alias=5)
+    p.server.subscribe_ok(other, track_alias=5)
+    p.pump()
+    assert not p.closed
+
+
+def test_alias_of_an_ended_subscription_may_be_reused() -> None:
+    p, first, other = _two_subscribes(b"u")
+    p.server.subscribe_ok(first, track_alias=5)
+    p.server.publish_done(first, 2)
+    p.server.subscribe_ok(other, track_alias=5)
+    p.pump()
+    assert not p.closed
+    assert [e.request_id for e in of_type(p.events(p.client), ev.SubscribeAccepted)] == [
+        first, other]
+
+
+def test_publish_with_the_alias_of_another_live_track() -> None:
+    p = established()
+    rid = p.client.subscribe(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    p.server.subscribe_ok(rid, track_alias=5)
+    p.server.publish(NS, b"other", track_alias=5)
+    p.pump()
+    assert p.closed_by["client"][0] == SessionCode.DUPLICATE_TRACK_ALIAS

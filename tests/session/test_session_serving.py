@@ -313,7 +313,7 @@ def test_fill_failure_resets_fill_stream_and_live_continues() -> None:
 def test_fill_that_cannot_be_served_is_opened_and_reset() -> None:
     s = Served()
     _fill(s.track, range(2), 2)
-    s.server.fill_handler = lambda sub_id, fill_id, start, end: False  # cannot serve fills
+    s.server = TrackServer(s.p.server, can_fill=lambda sub, fill, start, end: False)
     rid = s.p.client.subscribe(NS, b"t", Parameters(
         location_filter=LocationFilter.next_object(),
         fill=Parameters(location_filter=LocationFilter.none())))
@@ -359,9 +359,8 @@ def test_fill_cancelled_by_stop_sending_only_affects_fill() -> None:
         fill=Parameters(location_filter=LocationFilter.none())))
     evs = s.run()
     fill_sid = of_type(evs, ev.ObjectReceived)[0].stream_id
-    from kvcs.moqt.actions import StopSending
 
-    s.p.client._emit(StopSending(fill_sid, StreamResetCode.CANCELLED))
+    s.p.server.stop_sending(fill_sid, StreamResetCode.CANCELLED)  # from the client
     evs = s.run()
     assert locs(s.add(_obj(0, 3))) == [L(0, 3)]
     # filling the hole later does not resurrect the cancelled fill
@@ -468,7 +467,7 @@ def test_publish_done_and_fin_overtaking_the_fill_stream() -> None:
     (done,) = of_type(evs, ev.SubscriptionEnded)
     assert done.message.stream_count == 1
     assert s.p.client.actions() == [] or not s.p.closed
-    assert rid not in s.p.client._requests  # forgotten once everything has ended
+    assert not s.p.client.has_request(rid)  # forgotten once everything has ended
 
 
 def test_write_window_interleaves_fill_streams_and_tracks_group_priority() -> None:

@@ -1,6 +1,9 @@
-"""Real QUIC on 127.0.0.1: raw QUIC and WebTransport, verification, scheduler, close."""
+"""Real QUIC on 127.0.0.1: raw QUIC and WebTransport, verification, scheduler, close,
+datagram sizes."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -151,12 +154,29 @@ async def test_scheduler_priority_order(server: ServerHandle, scheme: str) -> No
 
 async def test_unknown_webtransport_path_method_rejected(server: ServerHandle) -> None:
     # A CONNECT without moqt-22 in wt-available-protocols is refused.
-    from kvcs.transport import binding
+    from kvcs.transport import webtransport
 
-    original = binding.sf_string
-    binding.sf_string = lambda value: '"other-proto"'  # type: ignore[assignment]
+    original = webtransport.sf_string
+    webtransport.sf_string = lambda value: '"other-proto"'  # type: ignore[assignment]
     try:
         with pytest.raises(ConnectionError, match="status 400"):
             await connect(server.url("https"), echo_factory, verify=False)
     finally:
-        binding.sf_string = original
+        webtransport.sf_string = original
+
+
+async def test_max_datagram_size_is_observable(server: ServerHandle,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="kvcs.transport.connection")
+    settings = QuicSettings(max_datagram_size=1280)
+    async with connect(server.url("moqt"), echo_factory, settings, verify=False) as conn:
+        await until(lambda: bool(server.conns))
+        assert server.conns[-1].max_datagram_size == QuicSettings.loopback().max_datagram_size
+        if conn.library == "aioquic":  # aioquic sends what it is configured for
+            assert conn.max_datagram_size == 1280
+            return
+        # qh3 probes the path for up to 1472 bytes above a smaller size: loopback
+        # carries every probe, and the binding logs the change
+        await until(lambda: conn.max_datagram_size > 1280)
+        assert conn.max_datagram_size <= 1472
+        await until(lambda: "client connection: datagram size 1280 -> " in caplog.text)

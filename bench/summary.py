@@ -1,0 +1,188 @@
+"""The one summary table of ``make bench``: each headline figure, its target, met or not.
+
+Every :class:`Figure` names the suite that measures it and the key under which that
+suite returns it; ``python -m bench`` copies these keys (and :data:`CONTEXT_KEYS`) to the
+top level of ``bench-results.json`` and prints the table from them. Targets are ratios
+within one run where they can be (the machines are shared and noisy), and are checked
+here only, never asserted in the tests.
+
+To add a figure: return it from its suite's ``main()`` under a new key and add a row
+below (or fill in a row of :data:`PENDING`). A row whose suite has not produced its key
+prints "not measured": nothing is estimated or carried over under another name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Results = Mapping[str, Any]
+"""The figures: top-level keys of bench-results.json."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """``measured <op> bound``; a computed ``bound`` reads the other figures of the run:
+    the suite's own results over the top-level figures (``layers`` is the suite's L)."""
+
+    op: Literal[">=", "<="]
+    bound: float | Callable[[Results], float | None]
+    text: str = ""
+    """How the target is stated when the bound is computed (e.g. ``1.5/L``)."""
+
+    def value(self, figures: Results) -> float | None:
+        """The bound for this run (None: a figure it depends on is missing)."""
+        try:
+            return self.bound(figures) if callable(self.bound) else self.bound
+        except (KeyError, TypeError):
+            return None
+
+    def describe(self, figures: Results) -> str:
+        bound = self.value(figures)
+        if not self.text:
+            return f"{self.op} {bound:g}"
+        return f"{self.op} {self.text}" + (f" = {bound:.3g}" if bound is not None else "")
+
+    def met(self, measured: float, figures: Results) -> bool | None:
+        bound = self.value(figures)
+        if bound is None:
+            return None
+        return measured >= bound if self.op == ">=" else measured <= bound
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the table."""
+
+    key: str
+    """Top-level key in bench-results.json (and in the suite's results)."""
+    suite: str
+    """The suite (``make bench BENCH=<suite>``) that measures it ("": any suite)."""
+    label: str
+    unit: str = ""
+    digits: int = 2
+    target: Target | None = None
+    detail: str = ""
+    """Context printed after the value: a format string over the suite's results (e.g.
+    ``{direct_mib_s:.0f} MiB/s``), left out if the suite lacks one of its keys."""
+
+
+def _per_layer(share: float) -> Callable[[Results], float]:
+    return lambda f: share / f["layers"]
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure("raw_same_library_mib_s", "e2e", "raw QUIC, one stream, kvcs's QUIC library",
+           "MiB/s", 0, detail="[{raw_same_library_range[0]:.0f}-"
+                              "{raw_same_library_range[1]:.0f}], {quic_library}"),
+    Figure("raw_aioquic_mib_s", "e2e", "raw QUIC on aioquic (reference only)", "MiB/s", 0),
+    Figure("moqt_ratio", "moqt", "MOQT objects / raw, same library and settings", "", 2,
+           Target(">=", 0.85), "{loopback[moqt]:.0f} MiB/s, best of 3"),
+    Figure("direct_same_library_ratio", "e2e", "KVCS live, publisher -> consumer / raw", "",
+           2, Target(">=", 0.7), "{direct_mib_s:.0f} MiB/s [{direct_range[0]:.0f}-"
+                                 "{direct_range[1]:.0f}]"),
+    Figure("e2e_same_library_ratio", "e2e", "KVCS live through one relay / raw", "", 2,
+           Target(">=", 0.4), "{e2e_mib_s:.0f} MiB/s [{e2e_range[0]:.0f}-{e2e_range[1]:.0f}]"),
+    Figure("completed_pull_same_library_ratio", "e2e",
+           "KVCS completed cache pulled from the relay / raw", "", 2, Target(">=", 0.6),
+           "{completed_pull_mib_s:.0f} MiB/s [{completed_pull_range[0]:.0f}-"
+           "{completed_pull_range[1]:.0f}]"),
+    Figure("ttfl_fraction_direct", "e2e", "first verified layer / whole transfer, direct",
+           "", 4, Target("<=", _per_layer(1.5), "1.5/L"),
+           "[{ttfl_fraction_direct_range[0]:.4f}-{ttfl_fraction_direct_range[1]:.4f}]"),
+    Figure("ttfl_fraction_relay", "e2e", "first verified layer / whole transfer, via relay",
+           "", 4, Target("<=", _per_layer(2.0), "2/L"),
+           "[{ttfl_fraction_relay_range[0]:.4f}-{ttfl_fraction_relay_range[1]:.4f}], "
+           "first layer {first_layer_ms:.0f} ms"),
+    Figure("consumer_mem_ratio", "e2e", "consumer peak memory / bytes of layers held", "", 2,
+           Target("<=", 1.3), "highest run"),
+    Figure("relay_cpu_ms_per_mib", "e2e", "kvcs relay CPU per MiB forwarded, vs moq-dev",
+           "ms/MiB", 1, Target("<=", lambda f: 2 * f["moqdev_relay_cpu_ms_per_mib"],
+                               "2x moq-dev"),
+           "{relay_vs_moqdev_mib_s:.0f} MiB/s; {moqdev_datagram_size}-byte datagrams"),
+    Figure("moqdev_relay_cpu_ms_per_mib", "e2e",
+           "moq-dev/moq relay CPU per MiB, the same traffic", "ms/MiB", 1,
+           detail="{moqdev_e2e_mib_s:.0f} MiB/s"),
+    Figure("ethernet_raw_mib_s", "e2e", "raw QUIC, one stream, 1452-byte datagrams", "MiB/s",
+           0),
+    Figure("ethernet_e2e_mib_s", "e2e", "KVCS live through the relay, 1452-byte datagrams",
+           "MiB/s", 0, detail="{ethernet_e2e_ratio:.2f} of raw at 1452; relay CPU "
+                              "{relay_cpu_ethernet_ms_per_mib:.1f} ms/MiB"),
+    Figure("relay_fanout8_ratio", "relay", "relay egress to 8 subscribers / 8x one", "", 2,
+           detail="{fanout_8_egress_mib_s:.0f} MiB/s aggregate, MOQT objects"),
+    Figure("one_process_ratio", "e2e",
+           "publisher and consumer in one process / in two (relay apart)", "", 2,
+           detail="{one_process_mib_s:.0f} MiB/s; issue #19"),
+    Figure("reuse_speedup", "hf", "own prefill / restore of the same prefix, real model", "",
+           1, Target(">=", 10), "{prompt_tokens} tokens"),
+    Figure("first_layer_during_prefill_fraction", "hf",
+           "layer 0 held by the decode worker / producer's prefill", "", 4,
+           Target("<=", _per_layer(1.5), "1.5/L"), "L = {layers}"),
+    Figure("q8_encode_mib_s", "kv", "q8 encode, slowest of block/layer x f16/bf16", "MiB/s",
+           0, Target(">=", 2048)),
+    Figure("q8_decode_mib_s", "kv", "q8 decode, slowest of block/layer x f16/bf16", "MiB/s",
+           0, Target(">=", 2048)),
+)
+
+PENDING: tuple[Figure, ...] = (
+    # Figures that work in progress will measure; no suite returns them yet. Suite ""
+    # takes the key from whichever suite returns it; give the row its suite, unit and
+    # target (and move it to FIGURES) when the measurement lands.
+    Figure("gso_speedup", "", "raw QUIC with UDP GSO / without"),
+    Figure("q8_effective_ratio", "", "KVCS live with the q8 codec / raw codec"),
+    Figure("e2e_secure_ratio", "", "KVCS live with Secure Objects / without"),
+)
+
+CONTEXT_KEYS: dict[str, str] = {"layers": "e2e", "quic_library": "e2e"}
+"""Other top-level keys: key -> suite."""
+
+
+def headline(suites: Mapping[str, Results]) -> dict[str, Any]:
+    """The top-level keys of bench-results.json, from the suites' results."""
+    out: dict[str, Any] = {}
+    wanted = {**CONTEXT_KEYS, **{f.key: f.suite for f in (*FIGURES, *PENDING)}}
+    for key, suite in wanted.items():
+        for name in [suite] if suite else list(suites):
+            if key in suites.get(name, {}):
+                out[key] = suites[name][key]
+                break
+    return out
+
+
+def rows(figures: Results, suites: Mapping[str, Results]) -> list[dict[str, Any]]:
+    """One dict per table row: figure, measured, target, met (True/False/None)."""
+    out = []
+    for fig in (*FIGURES, *PENDING):
+        scope = {**figures, **suites.get(fig.suite, {})}
+        row: dict[str, Any] = {"key": fig.key, "figure": fig.label, "met": None,
+                               "target": fig.target.describe(scope) if fig.target else "-"}
+        value = figures.get(fig.key)
+        if value is None:
+            row["measured"] = "not measured"
+            row["target"] = fig.target.describe({}) if fig.target else "-"  # no bound
+            out.append(row)
+            continue
+        text = f"{value:,.{fig.digits}f}" + (f" {fig.unit}" if fig.unit else "")
+        if fig.detail and fig.suite:
+            with contextlib.suppress(KeyError, IndexError, TypeError, ValueError):
+                text += " (" + fig.detail.format_map(suites.get(fig.suite, {})) + ")"
+        row["measured"] = text
+        if fig.target is not None:
+            row["met"] = fig.target.met(value, scope)
+        out.append(row)
+    return out
+
+
+def table(table_rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table (aligned, readable in a terminal too)."""
+    met_text = {True: "yes", False: "NO", None: "-"}
+    cells = [["figure", "measured", "target", "met"]] + [
+        [r["figure"], r["measured"], r["target"], met_text[r["met"]]] for r in table_rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    lines = ["| " + " | ".join(c[i].ljust(widths[i]) for i in range(4)) + " |" for c in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    checked = [r["met"] for r in table_rows if r["met"] is not None]
+    lines.append(f"targets met: {sum(checked)} of {len(checked)}")
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""The aioquic adapter: pure-Python QUIC, where every kvcs tuning applies.
+
+kvcs reads aioquic's per-stream send state to park streams blocked by flow control
+(:class:`_AioquicSendView`), raises the peer stream limits that aioquic hard-codes (128)
+and lets :class:`~kvcs.transport.QuicSettings` pick the congestion controller. Those reads
+use aioquic 1.x internals; :class:`AioquicAdapter` checks they exist when it is made and
+refuses an aioquic without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import aioquic
+from aioquic.buffer import Buffer
+from aioquic.h3 import events as h3events
+from aioquic.h3.connection import FrameType, H3Connection
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection, QuicConnectionError
+from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.stream import QuicStream
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from .base import (
+    H3ConnectionAPI,
+    NetworkAddress,
+    PacketHeader,
+    QuicConnectionAPI,
+    StreamSendView,
+)
+
+if TYPE_CHECKING:
+    from ..config import QuicSettings
+
+
+class _AioquicSendView:
+    """Per-stream send state from aioquic's stream objects: bytes held back by flow
+    control or by the peer's stream limit are not "unsent", and such streams report no
+    credit, so that the scheduler parks them instead of starving the others."""
+
+    __slots__ = ("_handed", "_quic")
+
+    def __init__(self, quic: QuicConnection) -> None:
+        self._quic = quic
+        self._handed: dict[int, QuicStream] = {}  # streams with data handed to aioquic
+
+    def unsent(self) -> int:
+        total = 0
+        done: list[int] = []
+        for stream_id, stream in self._handed.items():
+            sender = stream.sender
+            unsent = sender._buffer_stop - sender.highest_offset
+            if unsent <= 0 or sender._reset_error_code is not None:
+                done.append(stream_id)
+                continue
+            if stream.is_blocked:
+                continue
+            credit = stream.max_stream_data_remote - sender.highest_offset
+            if credit > 0:
+                total += min(unsent, credit)
+        for stream_id in done:
+            del self._handed[stream_id]
+        return total
+
+    def buffered(self) -> int:
+        total = 0
+        for stream in self._handed.values():
+            sender = stream.sender
+            if sender._reset_error_code is None:
+                total += max(0, sender._buffer_stop - sender.highest_offset)
+        return total
+
+    def credit(self, stream_id: int) -> int:
+        streams = self._quic._streams
+        stream = streams.get(stream_id)
+        if stream is None:
+            # create the aioquic stream (local streams are normally created on open)
+            self._quic.send_stream_data(stream_id, b"")
+            stream = streams[stream_id]
+        if stream.is_blocked:
+            return 0
+        return int(stream.max_stream_data_remote - stream.sender._buffer_stop)
+
+    def sent(self, stream_id: int) -> None:
+        stream = self._quic._streams.get(stream_id)
+        if stream is not None:
+            self._handed[stream_id] = stream
+
+    def forget(self, stream_id: int) -> None:
+        self._handed.pop(stream_id, None)
+
+
+class _ReportedConnectionError(logging.Filter):
+    """aioquic logs the error that closes a connection (a refused certificate, a peer's
+    protocol violation) as a WARNING before closing; kvcs reports the close itself, with
+    its reason (the CLI in one line). Demote the library's copy to DEBUG."""
+
+    _message = re.compile(r"(\[[0-9a-f]+\] )?Error: \d+, reason: ")  # QuicConnectionError
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and self._message.match(record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_log_filter = _ReportedConnectionError()
+
+
+class AioquicAdapter:
+    """:class:`~kvcs.transport.quic.base.QuicAdapter` for aioquic 1.x."""
+
+    name = "aioquic"
+    max_datagram_size_limit = 16000
+    """aioquic encodes some frame lengths assuming a packet fits well below 16 KiB (sizes
+    above ~16383 break its own framing)."""
+    events = events
+    h3events = h3events
+    errors: tuple[type[BaseException], ...] = (QuicConnectionError, ValueError, RuntimeError)
+
+    def __init__(self) -> None:
+        self.version: str = aioquic.__version__
+        stream = QuicStream(stream_id=0)
+        missing = [name for owner, name in (
+            (QuicConnection, "get_peer_address"), (H3Connection, "_get_or_create_stream"),
+            (stream, "is_blocked"), (stream, "max_stream_data_remote"),
+            (stream.sender, "highest_offset"), (stream.sender, "_buffer_stop"),
+            (stream.sender, "_reset_error_code"),
+        ) if not hasattr(owner, name)]
+        if missing:
+            raise ImportError(f"aioquic {self.version} lacks {', '.join(missing)}, which "
+                              "kvcs relies on: install aioquic 1.7")
+        logging.getLogger("quic").addFilter(_log_filter)  # once: filters are a set
+
+    def configuration(self, settings: QuicSettings, *, is_client: bool,
+                      alpn_protocols: Sequence[str]) -> QuicConfiguration:
+        return QuicConfiguration(
+            is_client=is_client,
+            alpn_protocols=list(alpn_protocols),
+            max_datagram_size=settings.max_datagram_size,
+            max_data=settings.max_data,
+            max_stream_data=settings.max_stream_data,
+            idle_timeout=settings.idle_timeout,
+            max_datagram_frame_size=settings.max_datagram_frame_size,
+            congestion_control_algorithm=settings.congestion_control,
+        )
+
+    def _tuned(self, quic: QuicConnection, settings: QuicSettings) -> QuicConnectionAPI:
+        # peers may open many streams (aioquic hard-codes 128 concurrently); set before
+        # the handshake, which announces them
+        quic._local_max_streams_uni.value = settings.max_streams_uni
+        quic._local_max_streams_bidi.value = settings.max_streams_bidi
+        return cast(QuicConnectionAPI, quic)
+
+    def client_connection(self, configuration: QuicConfiguration,
+                          settings: QuicSettings) -> QuicConnectionAPI:
+        return self._tuned(QuicConnection(configuration=configuration), settings)
+
+    def server_connection(self, configuration: QuicConfiguration, settings: QuicSettings,
+                          original_destination_cid: bytes) -> QuicConnectionAPI:
+        return self._tuned(QuicConnection(
+            configuration=configuration,
+            original_destination_connection_id=original_destination_cid), settings)
+
+    def parse_header(self, data: bytes, cid_length: int) -> PacketHeader | None:
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=cid_length)
+        except ValueError:
+            return None
+        return PacketHeader(
+            version=header.version,
+            initial=header.packet_type == QuicPacketType.INITIAL,
+            version_negotiation=header.packet_type == QuicPacketType.VERSION_NEGOTIATION,
+            destination_cid=header.destination_cid,
+            source_cid=header.source_cid,
+        )
+
+    def version_negotiation(self, header: PacketHeader, versions: Sequence[int]) -> bytes:
+        return encode_quic_version_negotiation(
+            source_cid=header.destination_cid, destination_cid=header.source_cid,
+            supported_versions=list(versions))
+
+    def h3_connection(self, quic: QuicConnectionAPI) -> H3ConnectionAPI:
+        return cast(H3ConnectionAPI, H3Connection(cast(QuicConnection, quic),
+                                                  enable_webtransport=True))
+
+    def peer_certificate(self, quic: QuicConnectionAPI) -> bytes | None:
+        cert = cast(QuicConnection, quic).tls._peer_certificate  # no public accessor
+        return None if cert is None else cert.public_bytes(Encoding.DER)
+
+    def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
+        return cast(QuicConnection, quic).get_peer_address() or None
+
+    def datagram_size(self, quic: QuicConnectionAPI) -> int:
+        return int(cast(QuicConnection, quic)._max_datagram_size)  # fixed by the config
+
+    def datagram_size_fell_back(self, quic: QuicConnectionAPI) -> bool:
+        return False  # aioquic keeps the configured size
+
+    def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
+        cast(H3Connection, h3).send_datagram(session_id, data)  # divides by 4 itself
+
+    def h3_datagram_session(self, event: Any) -> int:
+        return int(event.stream_id)
+
+    def open_webtransport_bidi(self, h3: H3ConnectionAPI, session_id: int) -> int:
+        h3c = cast(H3Connection, h3)
+        stream_id = h3c.create_webtransport_stream(session_id, is_unidirectional=False)
+        # aioquic 1.7.2 would parse the peer's half of a locally opened WebTransport bidi
+        # stream as HTTP/3 frames: mark it as a WebTransport stream up front.
+        with h3c._get_or_create_stream(stream_id) as stream:
+            stream.frame_type = FrameType.WEBTRANSPORT_STREAM
+            stream.session_id = session_id
+            stream.sending_ended = True  # we never send HTTP/3 frames on it
+        return int(stream_id)
+
+    def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
+        stream = cast(H3Connection, h3)._stream.get(stream_id)
+        if stream is not None:
+            stream.sending_ended = True  # lets aioquic forget it when done
+
+    def send_view(self, quic: QuicConnectionAPI) -> StreamSendView:
+        return _AioquicSendView(cast(QuicConnection, quic))
+
+
+ADAPTER = AioquicAdapter
+"""The adapter class :func:`kvcs.transport.quic.adapter` makes."""

@@ -1,0 +1,288 @@
+"""The qh3 adapter: an aioquic fork whose connection state lives in a compiled core.
+
+On the 2-core development machines qh3 moves 2-3x more bytes per CPU second than aioquic,
+which is what a relay (it receives and re-sends every byte) and a decode worker (it
+verifies every byte) need. Its core hides per-stream flow-control state (the scheduler
+budgets on ``get_send_buffer_size`` and never parks a stream), fixes the peer stream
+limits (100 bidirectional, 103 unidirectional) and has no congestion controller choice.
+
+Two patches of qh3 2.1 are applied when the adapter is first used (:func:`apply_patches`);
+on another qh3 version they are skipped with a warning, since they replace qh3 internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import qh3
+from qh3.h3 import events as h3events
+from qh3.h3.connection import FrameType, H3Connection
+from qh3.quic import connection as qh3_connection
+from qh3.quic import events
+from qh3.quic import tls_bridge as qh3_tls_bridge
+from qh3.quic.configuration import QuicConfiguration
+from qh3.quic.connection import QuicConnection, QuicConnectionError
+from qh3.quic.packet import (
+    Buffer,
+    QuicPacketType,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
+
+from .base import (
+    H3ConnectionAPI,
+    NetworkAddress,
+    PacketHeader,
+    QuicConnectionAPI,
+    StreamSendView,
+)
+
+if TYPE_CHECKING:
+    from ..config import QuicSettings
+
+logger = logging.getLogger(__name__)
+
+PATCHED_VERSIONS = ("2.1.",)
+"""qh3 versions whose internals the patches below were written for (prefixes)."""
+
+FALLBACK_DATAGRAM_SIZE = 1200
+"""The datagram size qh3 falls back to when a handshake is slow (RFC 9000's minimum)."""
+
+PROBE_CEILING = {2: 1472, 4: 1452}
+"""Largest datagram size qh3's path MTU probing tries, by peer address form (IPv4 2-tuple,
+IPv6 4-tuple: kvcs clients use IPv6 sockets, so 1452)."""
+
+
+def _patch_max_udp_payload() -> None:
+    """qh3 2.x clients announce ``max_udp_payload_size=1472`` whatever their
+    ``max_datagram_size``, so servers (a relay, a publishing server) never send larger
+    datagrams to them (~35 MiB/s on loopback). Announce nothing instead (RFC 9000 default
+    65527): the sender still caps datagrams at its own ``max_datagram_size``."""
+    push = qh3_tls_bridge.push_quic_transport_parameters
+    if getattr(push, "_kvcs_patched", False):
+        return
+
+    def push_parameters(buf: Any, parameters: Any) -> None:
+        if parameters.max_udp_payload_size == 1472:
+            parameters.max_udp_payload_size = None
+        push(buf, parameters)
+
+    push_parameters._kvcs_patched = True  # type: ignore[attr-defined]
+    qh3_tls_bridge.push_quic_transport_parameters = push_parameters  # type: ignore[assignment]
+
+
+def _patch_datagrams_to_send() -> None:
+    """qh3 2.1's ``datagrams_to_send`` polls its core one datagram at a time and, when a
+    poll fails (its core sometimes raises "packet builder capacity exhausted" under
+    heavy fan-out), loses every datagram already taken from the core in that call: the
+    peer never sees them and loss recovery must resend them. Keep what was built and
+    stop at the failure; the next transmit polls again."""
+    cls = qh3_connection.QuicConnection
+    if getattr(cls.datagrams_to_send, "_kvcs_patched", False):
+        return
+
+    def datagrams_to_send(self: Any, now: float) -> list[tuple[bytes, Any]]:
+        if self._core is None:
+            return []
+        datagrams: list[tuple[bytes, Any]] = []
+        while True:
+            try:
+                transmit = self._call_core(self._core.poll_transmit, now)
+            except QuicConnectionError as exc:
+                if not datagrams:
+                    raise
+                logger.debug("qh3 poll_transmit: %s (kept %d datagrams)", exc, len(datagrams))
+                break
+            if transmit is None:
+                break
+            self._log_datagram("datagrams_sent", transmit[0])
+            self._log_packets("packet_sent", transmit[0])
+            datagrams.append((transmit[0], transmit[1]))
+        return datagrams
+
+    datagrams_to_send._kvcs_patched = True  # type: ignore[attr-defined]
+    cls.datagrams_to_send = datagrams_to_send  # type: ignore[method-assign]
+
+
+class _RoutinePeerClose(logging.Filter):
+    """qh3 logs every peer CONNECTION_CLOSE, the normal end of a session included, as a
+    WARNING ("Native peer close"); kvcs reports session ends itself. Demote it to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Native peer close: %r":
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_patched = False
+
+
+def apply_patches() -> bool:
+    """Apply the qh3 patches once (True if applied). On a qh3 version they were not
+    written for, log a warning and leave qh3 as it is: kvcs still works, with the
+    limitations the patch docstrings describe."""
+    global _patched
+    if _patched:
+        return True
+    if not qh3.__version__.startswith(PATCHED_VERSIONS):
+        logger.warning("qh3 %s: kvcs patches are written for qh3 %s and are not applied "
+                       "(servers may send clients datagrams of at most 1472 bytes)",
+                       qh3.__version__, "/".join(v + "x" for v in PATCHED_VERSIONS))
+        return False
+    _patch_max_udp_payload()
+    _patch_datagrams_to_send()
+    logging.getLogger("quic").addFilter(_RoutinePeerClose())
+    _patched = True
+    return True
+
+
+class _Qh3SendView:
+    """qh3 shows only the bytes queued for a first transmission, flow control included."""
+
+    __slots__ = ("_quic",)
+
+    def __init__(self, quic: QuicConnection) -> None:
+        self._quic = quic
+
+    def unsent(self) -> int:
+        return int(self._quic.get_send_buffer_size())
+
+    def buffered(self) -> int:
+        return int(self._quic.get_send_buffer_size())
+
+    def credit(self, stream_id: int) -> int | None:
+        return None
+
+    def sent(self, stream_id: int) -> None:
+        pass
+
+    def forget(self, stream_id: int) -> None:
+        pass
+
+
+class Qh3Adapter:
+    """:class:`~kvcs.transport.quic.base.QuicAdapter` for qh3 2.x."""
+
+    name = "qh3"
+    max_datagram_size_limit = 60000
+    """qh3 builds packets up to the UDP limit (65507 on IPv4 loopback)."""
+    events = events
+    h3events = h3events
+    errors: tuple[type[BaseException], ...] = (QuicConnectionError, ValueError, RuntimeError)
+    """qh3 turns its core's errors into QuicConnectionError (connection state) and
+    ValueError (stream state)."""
+
+    def __init__(self) -> None:
+        self.version: str = qh3.__version__
+        apply_patches()
+
+    def configuration(self, settings: QuicSettings, *, is_client: bool,
+                      alpn_protocols: Sequence[str]) -> QuicConfiguration:
+        # probe_datagram_size: path MTU probing (client only). qh3 probes 1280, 1350,
+        # 1452 and 1472 bytes above max_datagram_size, never beyond: a no-op for larger
+        # sizes (the loopback preset), and what lifts a handshake fallback (see
+        # datagram_size_fell_back) from 1200 bytes to 1452.
+        return QuicConfiguration(
+            is_client=is_client,
+            alpn_protocols=list(alpn_protocols),
+            max_datagram_size=settings.max_datagram_size,
+            max_data=settings.max_data,
+            max_stream_data=settings.max_stream_data,
+            idle_timeout=settings.idle_timeout,
+            max_datagram_frame_size=settings.max_datagram_frame_size,
+            probe_datagram_size=True,
+        )
+
+    def client_connection(self, configuration: QuicConfiguration,
+                          settings: QuicSettings) -> QuicConnectionAPI:
+        return cast(QuicConnectionAPI, QuicConnection(configuration=configuration))
+
+    def server_connection(self, configuration: QuicConfiguration, settings: QuicSettings,
+                          original_destination_cid: bytes) -> QuicConnectionAPI:
+        return cast(QuicConnectionAPI, QuicConnection(
+            configuration=configuration,
+            original_destination_connection_id=original_destination_cid))
+
+    def parse_header(self, data: bytes, cid_length: int) -> PacketHeader | None:
+        try:
+            header = pull_quic_header(Buffer(data=data), cid_length)
+        except ValueError:
+            return None
+        return PacketHeader(
+            version=header.version,
+            initial=header.packet_type == QuicPacketType.INITIAL,
+            version_negotiation=header.packet_type == QuicPacketType.VERSION_NEGOTIATION,
+            destination_cid=header.destination_cid,
+            source_cid=header.source_cid,
+        )
+
+    def version_negotiation(self, header: PacketHeader, versions: Sequence[int]) -> bytes:
+        return bytes(encode_quic_version_negotiation(
+            source_cid=header.destination_cid, destination_cid=header.source_cid,
+            supported_versions=list(versions)))
+
+    def h3_connection(self, quic: QuicConnectionAPI) -> H3ConnectionAPI:
+        return cast(H3ConnectionAPI, H3Connection(cast(QuicConnection, quic),
+                                                  enable_webtransport=True))
+
+    def peer_certificate(self, quic: QuicConnectionAPI) -> bytes | None:
+        cert = cast(QuicConnection, quic).get_peercert()
+        return None if cert is None else bytes(cert.public_bytes())
+
+    def peer_address(self, quic: QuicConnectionAPI) -> NetworkAddress | None:
+        return cast(QuicConnection, quic)._remote_addr  # no public accessor in qh3 2.1
+
+    def datagram_size(self, quic: QuicConnectionAPI) -> int:
+        core = cast(QuicConnection, quic)._core
+        if core is None:
+            return int(quic.configuration.max_datagram_size)
+        return int(core.active_path[5])  # (id, local, remote, sent, received, path MTU)
+
+    def datagram_size_fell_back(self, quic: QuicConnectionAPI) -> bool:
+        """qh3 2.1 clients whose first loss-detection timeout (0.67 s with qh3's 333 ms
+        initial RTT) expires before the first packet from the server cut their datagram
+        size to 1200 bytes for the life of the connection, taking the large first Initial
+        for lost on a small-MTU path; path MTU probing then lifts it to 1452 bytes at most.
+        A busy or just-started server triggers it as surely as a small path MTU: a client
+        made with QuicSettings.loopback() then sends 1-2 KB datagrams instead of 60 KB,
+        3-4x slower (issue #19). True when that happened and probing cannot restore the
+        configured size; meaningful when the handshake completes."""
+        core = cast(QuicConnection, quic)._core
+        if core is None or not quic.configuration.is_client or core.pto_total == 0:
+            return False
+        _, _, remote, _, _, size = core.active_path
+        ceiling = PROBE_CEILING.get(len(remote), min(PROBE_CEILING.values()))
+        return bool(size == FALLBACK_DATAGRAM_SIZE
+                    and quic.configuration.max_datagram_size > ceiling)
+
+    def send_h3_datagram(self, h3: H3ConnectionAPI, session_id: int, data: bytes) -> None:
+        # qh3 writes its argument as the Quarter Stream ID of RFC 9297
+        cast(H3Connection, h3).send_datagram(session_id // 4, data)
+
+    def h3_datagram_session(self, event: Any) -> int:
+        return int(event.flow_id) * 4  # the raw Quarter Stream ID
+
+    def open_webtransport_bidi(self, h3: H3ConnectionAPI, session_id: int) -> int:
+        h3c = cast(H3Connection, h3)
+        stream_id = h3c.create_webtransport_stream(session_id, is_unidirectional=False)
+        # as with aioquic (see its adapter): the peer's half carries WebTransport data
+        stream = h3c._get_or_create_stream(stream_id)
+        stream.frame_type = FrameType.WEBTRANSPORT_STREAM
+        stream.session_id = session_id
+        stream.sending_ended = True  # we never send HTTP/3 frames on it
+        return int(stream_id)
+
+    def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
+        stream = cast(H3Connection, h3)._stream.get(stream_id)
+        if stream is not None:
+            stream.sending_ended = True  # lets qh3 forget it when done
+
+    def send_view(self, quic: QuicConnectionAPI) -> StreamSendView:
+        return _Qh3SendView(cast(QuicConnection, quic))
+
+
+ADAPTER = Qh3Adapter
+"""The adapter class :func:`kvcs.transport.quic.adapter` makes."""

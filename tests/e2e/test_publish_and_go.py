@@ -1,0 +1,113 @@
+"""Publish and go (issue #16): a prefill worker publishes a completed cache and leaves; decode
+workers that come later find it at the relay and at a relay chained behind it, until its
+MAX_CACHE_DURATION has passed (real QUIC on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
+from kvcs.testing import LocalNet, until
+
+from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+
+RETENTION_S = 4.0
+
+
+async def _retrieve(net: LocalNet, relay, data: list) -> None:  # type: ignore[no-untyped-def]
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+    found = await consumer.discover()
+    assert found is not None and found.prefix_blocks == BLOCKS
+    got = [layer async for layer in consumer.layers(found)]
+    assert [layer.index for layer in got] == list(range(LAYERS))
+    for layer in got:
+        k, v = data[layer.index]
+        assert same(layer.k, k) and same(layer.v, v)
+    assert consumer.stats.rejected == 0
+
+
+async def test_publisher_exits_after_finish_and_the_publication_stays(net: LocalNet) -> None:
+    a = await net.relay(sweep_interval=0.05)
+    b = await net.relay(upstream=a, sweep_interval=0.05)
+    pub_ep = await net.client(a)
+    data = cache(41)
+    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT, PublisherOptions(
+        joint_codec="q8", retention_s=RETENTION_S, hand_over_s=10))
+    for i, (k, v) in enumerate(data):
+        await pub.put_layer(i, k, v)
+    await pub.finish()  # the relay holds every track now, also kv.q8 nobody asked for
+    t_done = time.monotonic()
+    pub_ep.close()
+    await pub_ep.wait_closed()
+    await until(lambda: not a.publishers)
+    assert {name for _ns, name in a.cache.tracks} == {b"manifest", b"k.raw.s0", b"v.raw.s0",
+                                                     b"kv.q8.s0"}
+    # decode workers arriving afterwards: at A, and at B which asks A
+    await _retrieve(net, a, data)
+    await _retrieve(net, b, data)
+    assert time.monotonic() - t_done < RETENTION_S, "retrieval slower than the retention"
+    # MAX_CACHE_DURATION later the publication is gone everywhere
+    await until(lambda: not a.cache.tracks and not b.cache.tracks, RETENTION_S + 3)
+    await until(lambda: not a.namespaces.retained and not b.namespaces.retained, 2)
+    for relay in (a, b):
+        consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+        assert await consumer.discover() is None
+
+
+async def test_hand_over_only_through_a_relay() -> None:
+    from kvcs.hosting import TrackHost
+
+    host = TrackHost()
+    pub = KvPublisher(host, SCOPE, DESC, PROMPT, PublisherOptions(hand_over_s=1))
+    for i, (k, v) in enumerate(cache(42)):
+        await pub.put_layer(i, k, v)
+    with pytest.raises(PublicationError, match="needs an endpoint connected to a relay"):
+        await pub.finish()
+
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+async def _run(*args: str, timeout: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvcs", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=ENV)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_kvcs_publish_exits_once_the_relay_holds_it(net: LocalNet,
+                                                          tmp_path: Path) -> None:
+    relay = await net.relay()
+    (tmp_path / "desc.json").write_text(json.dumps(DESC.to_dict()))
+    np.save(tmp_path / "prompt.npy", PROMPT)
+    (tmp_path / "scope.key").write_bytes(bytes(range(32)))
+    data = cache(43)
+    np.savez(tmp_path / "cache.npz", k=np.stack([k for k, _ in data]).view(np.uint16),
+             v=np.stack([v for _, v in data]).view(np.uint16))
+    common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
+              str(net.cert.certfile), "--descriptor", str(tmp_path / "desc.json"),
+              "--scope-key", str(tmp_path / "scope.key"), "--loopback"]
+    rc, out, err = await _run("publish", *common, "--tokens", str(tmp_path / "prompt.npy"),
+                              "--kv", str(tmp_path / "cache.npz"))
+    assert rc == 0, err
+    assert "publication complete" in out and "the relay holds the whole publication" in out
+    await until(lambda: not relay.publishers)  # the publisher is gone
+    out_path = tmp_path / "got.npz"
+    rc, out, err = await _run("fetch", *common, "--tokens", str(tmp_path / "prompt.npy"),
+                              "--out", str(out_path))
+    assert rc == 0, err
+    with np.load(out_path) as z:
+        for i, (k, v) in enumerate(data):
+            assert np.array_equal(z[f"k.{i}"], k.view(np.uint16))
+            assert np.array_equal(z[f"v.{i}"], v.view(np.uint16))

@@ -1,0 +1,144 @@
+"""Segments through a relay (real QUIC): every segment is checked against the consumer's
+own Block Keys, and prefix_layers joins all covering segments in token order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kvcs.kv.errors import ManifestError
+from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.publisher import KvPublisher
+from kvcs.testing import LocalNet
+
+from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .test_tampering import TamperingRelay
+
+EXTRA = np.arange(3 * BLOCK, dtype=np.int64) + 90_000  # segment 1: three blocks
+OTHER = EXTRA + 1  # another prompt's appended tokens
+
+
+async def _two_segments(net: LocalNet, relay: object, seed: int = 40) -> tuple[list, list]:
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)  # type: ignore[arg-type]
+    seg0, seg1 = cache(seed), cache(seed + 1, len(EXTRA))
+    for i, (k, v) in enumerate(seg0):
+        await pub.put_layer(i, k, v)
+    pub.add_segment(EXTRA)
+    for i, (k, v) in enumerate(seg1):
+        await pub.put_layer(i, k, v, segment=1)
+    await pub.finish()
+    return seg0, seg1
+
+
+def _joined(seg0: list, seg1: list, layer: int, seg1_blocks: int = 3) -> tuple:
+    rows = seg1_blocks * BLOCK
+    return (np.concatenate([seg0[layer][0], seg1[layer][0][:rows]]),
+            np.concatenate([seg0[layer][1], seg1[layer][1][:rows]]))
+
+
+async def test_another_prompts_segment_is_never_received(net: LocalNet) -> None:
+    """A consumer whose appended tokens differ gets segment 0 only: segment 1's Block Keys
+    are another prompt's (before: it received segment 1 unchecked)."""
+    relay = await net.relay()
+    seg0, _ = await _two_segments(net, relay)
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, np.concatenate([PROMPT, OTHER]))
+    found = await consumer.discover()
+    assert found is not None and found.prefix_blocks == BLOCKS
+    m = consumer.manifests[found.fields]
+    assert consumer.covered_blocks(found, m.segments[0]) == BLOCKS
+    assert consumer.covered_blocks(found, m.segments[1]) == 0
+    with pytest.raises(ManifestError, match="segment 1 does not cover this prompt"):
+        _ = [x async for x in consumer.layers(found, segment=1)]
+    got = [x async for x in consumer.prefix_layers(found)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    for x in got:
+        assert x.blocks == BLOCKS and same(x.k, seg0[x.index][0]) and same(x.v, seg0[x.index][1])
+    assert consumer.stats.objects == LAYERS * BLOCKS * 2  # not one object of segment 1
+
+
+async def test_prefix_layers_join_every_covering_segment(net: LocalNet) -> None:
+    relay = await net.relay()
+    seg0, seg1 = await _two_segments(net, relay, 42)
+    full = np.concatenate([PROMPT, EXTRA, [5, 6]])  # and a partial block
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, full)
+    found = await consumer.discover()
+    assert found is not None
+    got = [x async for x in consumer.prefix_layers(found)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    for x in got:
+        k, v = _joined(seg0, seg1, x.index)
+        assert x.blocks == BLOCKS + 3 and same(x.k, k) and same(x.v, v)
+    # the first 18 blocks: all of segment 0 and two blocks of segment 1
+    part = [x async for x in consumer.prefix_layers(found, range(2, 4), blocks=BLOCKS + 2)]
+    for x in part:
+        k, v = _joined(seg0, seg1, x.index, 2)
+        assert same(x.k, k) and same(x.v, v)
+    # a prompt that ends inside segment 1 cannot check its Block Keys: segment 0 only
+    short = KvConsumer(await net.client(relay), SCOPE, DESC,
+                       np.concatenate([PROMPT, EXTRA[: 2 * BLOCK]]))
+    found2 = await short.discover()
+    assert found2 is not None
+    got2 = [x async for x in short.prefix_layers(found2, range(0, 1))]
+    assert got2[0].blocks == BLOCKS and same(got2[0].k, seg0[0][0])
+
+
+async def test_missing_blocks_named_within_the_prefix(net: LocalNet) -> None:
+    clean = await net.relay()
+    evil = await net.relay(TamperingRelay, upstream=clean)
+    evil.drop = {(b"k.raw.s1", 3, 1), (b"v.raw.s0", 4, 2)}  # type: ignore[misc]
+    seg0, seg1 = await _two_segments(net, clean, 44)
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, np.concatenate([PROMPT, EXTRA]),
+                          recompute_budget_s=1)
+    found = await consumer.discover()
+    assert found is not None
+    got = []
+    with pytest.raises(RecomputeRequired) as info:
+        async for layer in consumer.prefix_layers(found):
+            got.append(layer)
+    assert [x.index for x in got] == [0, 1, 2]
+    assert info.value.missing == {3: [BLOCKS + 1], 4: [2]}  # block 1 of segment 1 = 17
+    # what was verified is kept: layer 3 lacks only block 17 (zero rows), layer 5 is whole
+    partial = info.value.partial
+    assert sorted(partial) == [3, 4, 5]
+    k3, v3 = _joined(seg0, seg1, 3)
+    gap = slice((BLOCKS + 1) * BLOCK, (BLOCKS + 2) * BLOCK)
+    for got_x, want in ((partial[3].k, k3), (partial[3].v, v3)):
+        assert not got_x[gap].astype(np.float32).any()
+        assert same(np.delete(got_x, np.r_[gap], 0), np.delete(want, np.r_[gap], 0))
+    k5, v5 = _joined(seg0, seg1, 5)
+    assert same(partial[5].k, k5) and same(partial[5].v, v5)
+
+
+async def test_live_segments_followed_through_the_manifest(net: LocalNet) -> None:
+    """Segment 0 complete, segment 1 still produced: the consumer reads both while the
+    manifest subscription brings the newer versions (object digests, completion)."""
+    relay = await net.relay()
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)
+    seg0, seg1 = cache(46), cache(47, len(EXTRA))
+    for i, (k, v) in enumerate(seg0):
+        await pub.put_layer(i, k, v)
+    pub.add_segment(EXTRA)
+    await pub.put_layer(0, *seg1[0], segment=1)
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, np.concatenate([PROMPT, EXTRA]))
+    found = await consumer.discover()
+    assert found is not None
+    assert not consumer.manifests[found.fields].segments[1].complete
+
+    async def produce() -> None:
+        for i in range(1, LAYERS):
+            await asyncio.sleep(0.05)
+            await pub.put_layer(i, *seg1[i], segment=1)
+        await pub.finish()
+
+    task = asyncio.create_task(produce())
+    got = [x async for x in consumer.prefix_layers(found)]
+    await task
+    assert [x.index for x in got] == list(range(LAYERS))
+    for x in got:
+        k, v = _joined(seg0, seg1, x.index)
+        assert same(x.k, k) and same(x.v, v)
+    assert consumer.stats.manifest_versions >= 3  # discovery, the retrieval's, newer ones
+    assert consumer.manifests[found.fields].segments[1].complete
+    assert consumer.stats.rejected == 0 and consumer.stats.duplicates == 0
