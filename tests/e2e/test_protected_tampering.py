@@ -7,6 +7,7 @@ that requires producer authenticity."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -266,3 +267,38 @@ async def test_a_keyring_requires_the_signed_manifest_by_default(net: LocalNet) 
     assert consumer.require_signed
     assert await consumer.discover() is None
     assert "no signed manifest" in consumer.discarded[0][1]
+
+
+async def test_tampered_manifest_version_discarded_while_following(
+        net: LocalNet, caplog: pytest.LogCaptureFixture) -> None:
+    """A live protected retrieval follows the newer manifest versions, each decrypted before
+    its signature is checked; a version a relay tampered with is discarded and the next one
+    confirms the layers it would have."""
+    producer = ProducerKey.generate("producer")
+    keyring = Keyring()
+    keyring.add_producer(producer)
+    clean = await net.relay()
+    evil = await net.relay(EditingRelay, upstream=clean)
+    evil.edits = {(b"manifest.cose", 1, 0): _flip(-1)}  # type: ignore[attr-defined]
+    pub = KvPublisher(await net.client(clean), SCOPE, DESC, PROMPT, PublisherOptions(
+        secure=SCOPE_FILE.secure_objects(), producer_key=producer, manifest_every=2))
+    await pub.start()
+    consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, keyring=keyring,
+                          secure=SCOPE_FILE.secure_objects(), recompute_budget_s=5)
+    found = await _found(consumer)
+    data = cache(46)
+
+    async def produce() -> None:
+        for i, (k, v) in enumerate(data):
+            await pub.put_layer(i, k, v)
+            await asyncio.sleep(0.02)
+        await pub.finish()
+
+    producing = asyncio.create_task(produce())
+    got = [x async for x in consumer.layers(found)]
+    await producing
+    assert [x.index for x in got] == list(range(LAYERS))
+    _check(got, data)
+    assert consumer.stats.rejected == 0
+    assert consumer.stats.manifest_versions >= 3  # discovery's, the fill's, newer ones
+    assert any("discarding manifest version" in r.getMessage() for r in caplog.records)
