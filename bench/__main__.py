@@ -33,6 +33,7 @@ def main(argv: list[str]) -> int:
         bench_kv,
         bench_moqt,
         bench_relay,
+        bench_secure,
         bench_transport,
     )
 
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
         "hf": bench_hf.main,
+        "secure": bench_secure.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

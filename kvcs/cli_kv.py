@@ -70,6 +70,31 @@ def _scope(args: argparse.Namespace) -> Any:
         raise UsageError(f"scope key: {exc}") from None
 
 
+PROTECT_HELP = ("protect end to end: every data track and the manifest are MOQT Secure "
+                "Objects under the content keys of --scope-key, a scope file made by `kvcs "
+                "keygen`; relays forward ciphertext they cannot read (docs/security.md)")
+
+
+def _content_keys(args: argparse.Namespace) -> Any:
+    """The SecureObjects of ``--scope-key`` for ``--protect`` (None without it); a missing
+    or keyless scope file is a one-line usage error."""
+    if not args.protect:
+        return None
+    from .kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        raise UsageError("--protect needs --scope-key <scope file with content keys> "
+                         "(create one with `kvcs keygen scope.json`)")
+    try:
+        scope = load_scope_file(args.scope_key)
+    except ScopeFileError as exc:
+        raise UsageError(str(exc)) from None
+    if not scope.content_keys:
+        raise UsageError(f"--protect: {args.scope_key} holds no content keys; make a scope "
+                         f"file from it: kvcs keygen scope.json --scope-key {args.scope_key}")
+    return scope.secure_objects()
+
+
 def _keyring(args: argparse.Namespace) -> Any:
     """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
     from .kv.cose import Keyring
@@ -246,6 +271,10 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
                         "`kvcs kvsp-serve` (HTTP fallback); they expire with --retention")
     _index_args(p, "register the publication (its moqt:// URI at --relay) for its Block Keys "
                    "with this KVSP Index (`kvcs kvsp-serve`), for --retention seconds")
+    p.add_argument("--protect", action="store_true", help=PROTECT_HELP)
+    p.add_argument("--protect-in-band", action="store_true",
+                   help="--protect with the Key ID carried in the payload, for relays that "
+                        "drop object properties or rewrite priorities (moq-dev/moq)")
     p.set_defaults(func=run_publish)
     return p
 
@@ -260,6 +289,8 @@ def run_publish(args: argparse.Namespace) -> int:
     _setup_logging(args)
     desc, tokens = _load(args)
     scope = _scope(args)
+    args.protect = args.protect or args.protect_in_band
+    secure = _content_keys(args)
     try:
         ks, vs = load_kv(args.kv, desc)
     except FileFormatError as exc:
@@ -299,7 +330,8 @@ def run_publish(args: argparse.Namespace) -> int:
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
                                     producer_key=key, hex_namespace=args.hex_namespace,
-                                    hand_over_s=hand_over)
+                                    hand_over_s=hand_over, secure=secure,
+                                    secure_in_band=args.protect_in_band)
             try:
                 pub = KvPublisher(ep, scope, desc, tokens, opts)
             except PublicationError as exc:
@@ -431,7 +463,12 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
                         "recovery by it (the time recomputing would take; default 10)")
     p.add_argument("--keyring", metavar="FILE", help=KEYRING_HELP)
     p.add_argument("--require-signed", action="store_true",
-                   help="refuse publications without a valid manifest.cose")
+                   help="refuse publications without a valid manifest.cose (the default "
+                        "with --keyring)")
+    p.add_argument("--protect", action="store_true",
+                   help="accept only protected publications, and only objects that decrypt "
+                        "with the content keys of --scope-key (a scope file made by `kvcs "
+                        "keygen`); needed to read what `kvcs publish --protect` publishes")
     h = p.add_argument_group("KVSP HTTP fallback (needs --relay, --http or both)")
     h.add_argument("--http", action="append", metavar="URL",
                    help="https://host:port of a KVSP holder (`kvcs kvsp-serve`), repeatable: "
@@ -484,6 +521,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     keyring = _keyring(args)
     if args.require_signed and keyring is None:
         raise UsageError("--require-signed needs --keyring")
+    secure = _content_keys(args)
     if not args.relay and not args.http and not args.index:
         raise UsageError("give --relay, --http, --index or a combination")
     if args.discovery in ("index", "index-first") and not args.index:
@@ -507,20 +545,23 @@ def run_fetch(args: argparse.Namespace) -> int:
             except UsageError as exc:  # not a mistake of this user: that relay is away
                 raise ConnectionError(str(exc)) from None
 
+        # a keyring implies --require-signed
         c = KvConsumer([ep] if ep is not None else [], scope, desc, tokens,
-                       keyring=keyring, require_signed=args.require_signed,
+                       keyring=keyring, require_signed=keyring is not None,
                        hex_namespace=args.hex_namespace, http=client, index=index,
                        discovery=args.discovery, connect=connect, codec=codecs,
-                       recompute_budget_s=args.recompute_budget)
+                       recompute_budget_s=args.recompute_budget, secure=secure)
         try:
             pub = await c.discover()
             if pub is None and client is None:
-                print("no publication covers any prefix of these tokens", file=sys.stderr)
+                refused = f" (refused: {c.discarded[0][1]})" if c.discarded else ""
+                print(f"no publication covers any prefix of these tokens{refused}",
+                      file=sys.stderr)
                 return 1
             if pub is None:
-                if args.require_signed:
+                if c.require_signed:
                     print("no MOQT publication found, and HTTP-only retrieval cannot satisfy "
-                          "--require-signed (no signed manifest)", file=sys.stderr)
+                          "--keyring / --require-signed (no signed manifest)", file=sys.stderr)
                     return 1
                 print(f"no MOQT publication found; retrieving {len(c.keys)} blocks over KVSP "
                       f"HTTP from {', '.join(client.urls)}", flush=True)
@@ -728,6 +769,9 @@ def run_inspect(args: argparse.Namespace) -> int:
                         blob = await track.next_version()
                 except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                     print(f"  no manifest: {exc or 'none within 5 s'}")
+                    continue
+                except KvcsError as exc:  # protected: the manifest is encrypted
+                    print(f"  manifest unreadable: {exc}")
                     continue
                 finally:
                     if track is not None:

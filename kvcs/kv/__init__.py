@@ -1,7 +1,7 @@
 """The pure KV object model of kvcs: KVSP identifiers, component kinds and track names,
-codecs, object payloads, manifests (plain and COSE-signed), the KVSP container and block
-store, and the sans-IO :class:`LayerAssembler` that turns received objects and containers
-into verified layers.
+codecs, object payloads, manifests (plain and COSE-signed), MOQT Secure Objects (content
+keys), the KVSP container and block store, and the sans-IO :class:`LayerAssembler` that
+turns received objects and containers into verified layers.
 
 No asyncio, no sockets, no MOQT endpoint (tests/kv/test_kv_imports.py checks it): the
 publisher, the consumer and KVSP over HTTP, which move these bytes over the network, are
@@ -47,7 +47,15 @@ from .ids import (
     new_publication_id,
     scope_id,
 )
-from .manifest import Manifest, Segment, check_namespace, expected_digest, segment_covers
+from .manifest import (
+    Manifest,
+    Protection,
+    Segment,
+    check_namespace,
+    check_protection,
+    expected_digest,
+    segment_covers,
+)
 from .payload import (
     HEADER_SIZE,
     PayloadHeader,
@@ -56,18 +64,21 @@ from .payload import (
     data_digest,
     verify_payload,
 )
+from .secure import CipherSuite, ContentKey, SecureObjects
 from .tracks import TrackName
 
 __all__ = [
     "CODECS",
     "HEADER_SIZE",
     "AssemblyStats",
+    "CipherSuite",
     "CodecError",
     "CompatDescriptor",
     "Component",
     "Container",
     "ContainerError",
     "ContainerLayer",
+    "ContentKey",
     "DescriptorError",
     "DigestError",
     "HeaderError",
@@ -81,7 +92,9 @@ __all__ = [
     "Outcome",
     "PayloadHeader",
     "ProducerKey",
+    "Protection",
     "ScopeKey",
+    "SecureObjects",
     "Segment",
     "SignatureError",
     "TrackName",
@@ -95,6 +108,7 @@ __all__ = [
     "build_payload_bytes",
     "canonical_bytes",
     "check_namespace",
+    "check_protection",
     "compat_id",
     "data_digest",
     "decode_component",

@@ -12,15 +12,19 @@ authenticity is required. It is then given bytes:
 * newer manifest versions, whose ``object_digests`` every object of a listed layer must
   match (signed ones also confirm layers): :meth:`LayerAssembler.use_manifest`.
 
-It verifies each object (68-octet header, Location, SHA-256, component, codec, token count
-and token start, and the digest the manifest lists for it) and each container (layer
-digests, CompatID, Block Key, token start, and the listed digests of the objects it stands
-for), copies the verified data into preallocated layer arrays
-(one copy: receive buffer -> layer), hands out complete layers in order
-(:meth:`LayerAssembler.pop_ready`) and says exactly which blocks are still missing
-(:meth:`LayerAssembler.missing`) and what of the unfinished layers was verified
+It verifies each object (with content keys, first that it decrypts as a MOQT Secure Object;
+then the 68-octet header, Location, SHA-256, component, codec, token count and token start,
+and the digest the manifest lists for it) and each container (layer digests, CompatID,
+Block Key, token start, and the listed digests of the objects it stands for; in a protected
+retrieval a container's block waits for that listing), decodes the verified data straight
+into preallocated layer arrays (one pass: receive buffer -> layer), hands out complete
+layers in order (:meth:`LayerAssembler.pop_ready`) and says exactly which blocks are still
+missing (:meth:`LayerAssembler.missing`) and what of the unfinished layers was verified
 (:meth:`LayerAssembler.partial`). A failed check discards the object, counts it as rejected
 and leaves its block missing: nothing raises and no unverified byte reaches a yielded layer.
+An object whose Key ID is not held is kept for ``key_wait_s``
+(:meth:`LayerAssembler.release_held` retries it once the key is added to the
+:class:`~kvcs.kv.secure.SecureObjects`), then treated as missing.
 
 No I/O: :class:`kvcs.kvnet.consumer.KvConsumer` subscribes, fetches, retries and feeds it.
 """
@@ -29,19 +33,29 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-from .codecs import CODECS, Buffer, codec_value, decode_component, encode_component, zstd_available
+from ..moqt.wire import Properties
+from .codecs import (
+    CODECS,
+    Buffer,
+    codec_value,
+    decode_component_into,
+    encode_component,
+    zstd_available,
+)
 from .component import Component
 from .container import decode_container, read_container
 from .errors import ContainerError, ManifestError, VerificationError
 from .ids import CompatDescriptor
 from .manifest import Manifest, Segment
 from .payload import verify_payload
+from .secure import SecureObjects, UnknownKeyIdError, open_object
 from .tracks import TrackName
 
 __all__ = [
@@ -84,6 +98,8 @@ class AssemblyStats:
     """Objects of blocks beyond the ones wanted (a FETCH without an object filter)."""
     http_blocks: int = 0
     """Blocks (containers, all needed layers each) placed from KVSP HTTP holders."""
+    held: int = 0
+    """Protected objects held because their Key ID was not (yet) known."""
 
 
 class Outcome(Enum):
@@ -101,6 +117,8 @@ class Outcome(Enum):
     """A layer outside the range, or already handed out: dropped."""
     REJECTED = "rejected"
     """Failed verification: dropped, its block stays missing."""
+    HELD = "held"
+    """Protected with a Key ID not held yet: kept a bounded time (its block is missing)."""
 
 
 def codec_implemented(codec: str) -> bool:
@@ -131,7 +149,8 @@ def select_tracks(segment: Segment, codecs: str | Sequence[str]) -> dict[Compone
 @dataclass
 class _LayerBuffer:
     """One layer being assembled: K and V rows for every wanted block, which blocks of each
-    are placed, and (authenticity required) the Data Digest each placed object had."""
+    are placed, and the Data Digest each placed object had (checked against the manifest's
+    listing)."""
 
     k: np.ndarray
     v: np.ndarray
@@ -140,6 +159,9 @@ class _LayerBuffer:
     placed: int = 0
     """Placed (block, K or V) pairs; the layer is complete at 2 x blocks."""
     digests: dict[tuple[Component, int], bytes] = field(default_factory=dict)
+    from_containers: set[int] = field(default_factory=set)
+    """Blocks placed from KVSP containers (a protected retrieval confirms them only by the
+    manifest's listing)."""
 
     @classmethod
     def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuffer:
@@ -158,20 +180,21 @@ class _LayerBuffer:
             return bool(self.have_v[block])
         return bool(self.have_k[block] and self.have_v[block])
 
-    def place(self, block: int, k: np.ndarray | None, v: np.ndarray | None) -> None:
-        """Copy verified rows of one block (K, V or both) into the layer."""
-        if k is not None:
-            rows = k.shape[0]
-            self.k[block * rows:(block + 1) * rows] = k
-            if not self.have_k[block]:
-                self.have_k[block] = True
-                self.placed += 1
-        if v is not None:
-            rows = v.shape[0]
-            self.v[block * rows:(block + 1) * rows] = v
-            if not self.have_v[block]:
-                self.have_v[block] = True
-                self.placed += 1
+    def place(self, block: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Copy verified rows of one block (K and V) into the layer."""
+        rows = k.shape[0]
+        self.k[block * rows:(block + 1) * rows] = k
+        self.v[block * rows:(block + 1) * rows] = v
+        self.mark(Component.KV, block)
+
+    def mark(self, kind: Component, block: int) -> None:
+        """Count the rows of ``kind`` of one block as placed (they were written)."""
+        if kind.carries_k and not self.have_k[block]:
+            self.have_k[block] = True
+            self.placed += 1
+        if kind.carries_v and not self.have_v[block]:
+            self.have_v[block] = True
+            self.placed += 1
 
     def drop(self, kind: Component, block: int) -> bool:
         """Forget a placed object (its signed digest differs); True if it was placed."""
@@ -191,6 +214,18 @@ class _LayerBuffer:
         return np.flatnonzero(~(self.have_k & self.have_v)).tolist()
 
 
+@dataclass
+class _Held:
+    """A protected object waiting for the content key of its Key ID."""
+
+    payload: Buffer
+    publisher_priority: int
+    properties: Properties
+    namespace: tuple[bytes, ...]
+    key_id: int
+    deadline: float
+
+
 class LayerAssembler:
     """Verifies objects and containers of one retrieval and assembles its layers.
 
@@ -200,7 +235,11 @@ class LayerAssembler:
     retrieval of containers only. ``block_keys``: the consumer's Block Keys from block 0,
     which name and verify containers. ``require_signed``: a layer is handed out only once
     every object of it matches the signed ``object_digests`` (:meth:`use_manifest`).
-    ``stats`` is updated in place (shared with the caller's counters).
+    ``secure``: the scope's content keys; every object must then decrypt (a protected
+    publication, ``namespace`` its Track Namespace fields as on the wire), and containers
+    are accepted only where the manifest, authenticated by the same keys, lists their
+    digests. An object with an unknown Key ID is held ``key_wait_s`` seconds (``clock``)
+    for its key. ``stats`` is updated in place (shared with the caller's counters).
     """
 
     def __init__(
@@ -213,6 +252,10 @@ class LayerAssembler:
         first_block: int = 0,
         block_keys: Sequence[bytes] = (),
         require_signed: bool = False,
+        secure: SecureObjects | None = None,
+        namespace: Sequence[bytes] = (),
+        key_wait_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
         stats: AssemblyStats | None = None,
     ) -> None:
         if (layers.step != 1 or layers.start < 0 or layers.stop > descriptor.layers
@@ -229,12 +272,16 @@ class LayerAssembler:
         self.tracks: dict[Component, TrackName] = dict(tracks or {})
         self.block_keys = block_keys
         self.require_signed = require_signed
+        self.secure = secure
+        self.namespace = tuple(namespace)
+        self.key_wait_s = key_wait_s
         self.stats = stats if stats is not None else AssemblyStats()
+        self._clock = clock
         self._codecs = {kind: codec_value(t.codec or "") for kind, t in self.tracks.items()}
+        self._names = {kind: t.format().encode() for kind, t in self.tracks.items()}
+        self._held: dict[tuple[Component, int, int], _Held] = {}
+        self._given_up: set[int] = set()  # Key IDs whose objects waited in vain
         self._block_tokens = descriptor.block_tokens
-        self._dtype = descriptor.dtype
-        self._k_shape = descriptor.k_shape()
-        self._v_shape = descriptor.v_shape()
         self._buffers: dict[int, _LayerBuffer] = {}
         self._signed: dict[Component, list[list[str]]] = {}
         self._next = layers.start
@@ -268,9 +315,13 @@ class LayerAssembler:
             if buf is None or (self.require_signed and not self._listed_layer(layer)):
                 out[layer] = list(range(self.blocks))
                 continue
-            if self._listed_layer(layer):
+            listed = self._listed_layer(layer)
+            if listed:
                 self._drop_mismatches(layer, buf)
-            if miss := buf.missing():
+            miss = buf.missing()
+            if not listed and self._containers_wait(buf):
+                miss = sorted({*miss, *buf.from_containers})
+            if miss:
                 out[layer] = miss
         return out
 
@@ -306,8 +357,14 @@ class LayerAssembler:
 
     # ------------------------------------------------------------------ objects
 
-    def accept(self, kind: Component, layer: int, block: int, payload: Buffer) -> Outcome:
-        """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it."""
+    def accept(self, kind: Component, layer: int, block: int, payload: Buffer, *,
+               publisher_priority: int = 128, properties: Properties = (),
+               namespace: Sequence[bytes] | None = None) -> Outcome:
+        """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it.
+
+        ``publisher_priority`` (effective, :func:`~kvcs.kv.secure.effective_priority`) and
+        ``properties`` as received matter for protected objects (the AAD); ``namespace``
+        is that of another publication whose objects recover this one's (deterministic)."""
         if layer < self._next or layer >= self.layers.stop:
             return Outcome.IGNORED
         if block >= self.blocks:
@@ -317,24 +374,36 @@ class LayerAssembler:
         if buf.has(kind, block):
             self.stats.duplicates += 1
             return Outcome.DUPLICATE
+        ns = self.namespace if namespace is None else tuple(namespace)
         try:
-            digest = self._verify_and_place(buf, kind, layer, block, payload)
+            digest = self._verify_and_place(buf, kind, layer, block, payload,
+                                            publisher_priority, properties, ns)
+        except UnknownKeyIdError as exc:
+            return self._hold(kind, layer, block, _Held(
+                payload, publisher_priority, properties, ns, exc.key_id,
+                self._clock() + self.key_wait_s))
         except (VerificationError, ValueError) as exc:
-            self.stats.rejected += 1
-            track = self.tracks.get(kind, kind.value)
-            log.warning("discarding object %d/%d of %s: %s", layer, block, track, exc)
+            self._reject(kind, layer, block, exc)
             return Outcome.REJECTED
         buf.digests[(kind, block)] = digest  # checked when the manifest lists the layer
         self.stats.objects += 1
         self.stats.bytes += len(payload)
         return Outcome.LAYER_COMPLETE if buf.complete() else Outcome.PLACED
 
+    def _reject(self, kind: Component, layer: int, block: int, reason: object) -> None:
+        self.stats.rejected += 1
+        track = self.tracks.get(kind, kind.value)
+        log.warning("discarding object %d/%d of %s: %s", layer, block, track, reason)
+
     def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
-                          payload: Buffer) -> bytes:
+                          payload: Buffer, priority: int, properties: Properties,
+                          namespace: tuple[bytes, ...]) -> bytes:
         codec = self._codecs.get(kind)
         if codec is None:
             raise VerificationError(f"no {kind.value} track is selected")
-        hdr = verify_payload(payload, group=layer, object_id=block,
+        plain = open_object(self.secure, namespace, self._names[kind], layer, block, payload,
+                            publisher_priority=priority, properties=properties)
+        hdr = verify_payload(plain, group=layer, object_id=block,
                              expected_digest=self._listed(kind, layer, block))
         if hdr.component != kind.field:
             raise VerificationError(f"component {hdr.component} on the {kind.value} track")
@@ -343,12 +412,57 @@ class LayerAssembler:
         expected = (self.first_block + block) * self._block_tokens
         if hdr.token_start != expected:
             raise VerificationError(f"token start {hdr.token_start}, expected {expected}")
-        k, v = decode_component(kind, codec, hdr.data, self._dtype, self._k_shape,
-                                self._v_shape)
-        buf.place(block, k, v)
+        rows = slice(block * self._block_tokens, (block + 1) * self._block_tokens)
+        # straight into the layer: a section that fails to decode leaves its rows unmarked
+        decode_component_into(kind, codec, hdr.data, buf.k[rows], buf.v[rows])
+        buf.mark(kind, block)
         return hdr.digest
 
+    # ------------------------------------------------------------------ unknown Key IDs
+
+    def _hold(self, kind: Component, layer: int, block: int, held: _Held) -> Outcome:
+        if held.key_id in self._given_up:
+            self._reject(kind, layer, block, f"no content key for Key ID {held.key_id}")
+            return Outcome.REJECTED
+        if self._held.setdefault((kind, layer, block), held) is held:
+            self.stats.held += 1
+            log.info("holding object %d/%d of %s: no content key for Key ID %d yet", layer,
+                     block, self.tracks.get(kind, kind.value), held.key_id)
+        return Outcome.HELD
+
+    @property
+    def held_until(self) -> float | None:
+        """When the first held object expires (``clock`` time), None if none is held."""
+        return min((h.deadline for h in self._held.values()), default=None)
+
+    def release_held(self) -> bool:
+        """Retry the held objects whose key is now held, and drop (count as rejected,
+        leave missing) those held ``key_wait_s``; True if a layer may have completed."""
+        if not self._held:
+            return False
+        now = self._clock()
+        completed = False
+        for (kind, layer, block), h in list(self._held.items()):
+            if self.secure is not None and h.key_id in self.secure:
+                del self._held[(kind, layer, block)]
+                outcome = self.accept(kind, layer, block, h.payload,
+                                      publisher_priority=h.publisher_priority,
+                                      properties=h.properties, namespace=h.namespace)
+                completed |= outcome is Outcome.LAYER_COMPLETE
+            elif now >= h.deadline:
+                del self._held[(kind, layer, block)]
+                self._given_up.add(h.key_id)
+                self._reject(kind, layer, block,
+                             f"no content key for Key ID {h.key_id} within {self.key_wait_s} s")
+        return completed
+
     # ------------------------------------------------------------------ containers
+
+    def _containers_wait(self, buf: _LayerBuffer) -> bool:
+        """``buf``, of a layer the manifest does not list yet, holds blocks from containers
+        that must wait for the listing: in a protected retrieval the content keys do not
+        cover the holder, only the manifest they authenticate does."""
+        return self.secure is not None and bool(buf.from_containers)
 
     def container_blocks(self, missing: Mapping[int, Iterable[int]] | None = None) -> list[int]:
         """The blocks (within the segment) of ``missing`` (default: :meth:`missing`) that a
@@ -388,6 +502,7 @@ class LayerAssembler:
             for kind in self.tracks:  # checked like objects' when the manifest lists them
                 buf.digests[(kind, block)] = self._object_digest(
                     kind, ks[layer], vs[layer], c.layers[layer].digest)
+            buf.from_containers.add(block)
         return True
 
     def _object_digest(self, kind: Component, k: np.ndarray, v: np.ndarray,
@@ -408,7 +523,8 @@ class LayerAssembler:
         every object and container of a listed layer must have its listed digest (checked
         at receipt, and for what was placed before the listing when the layer is handed
         out); with authenticity required (the manifest's signature was verified) they also
-        confirm layers, and an unlisted layer waits."""
+        confirm layers, and an unlisted layer waits; in a protected retrieval (the manifest
+        decrypted with the content keys) they confirm the blocks placed from containers."""
         for kind, track in self.tracks.items():
             seg = manifest.segment(track.segment or 0)
             groups = None
@@ -437,10 +553,11 @@ class LayerAssembler:
 
     def _confirmed(self, layer: int, buf: _LayerBuffer) -> bool:
         """True if the complete layer may be handed out: every object of it has the digest
-        the manifest lists, or the manifest does not list the layer yet and authenticity
-        is not required (with it, the layer waits for a newer manifest version)."""
+        the manifest lists, or the manifest does not list the layer yet and nothing in it
+        needs the listing (authenticity required: every object; protected: the blocks
+        from containers); otherwise the layer waits for a newer manifest version."""
         if not self._listed_layer(layer):
-            return not self.require_signed
+            return not (self.require_signed or self._containers_wait(buf))
         self._drop_mismatches(layer, buf)
         return buf.complete()
 

@@ -3,7 +3,9 @@
 A *section* is the encoding of one block, one layer, one of K or V: an array of shape
 ``(B, H, D)`` (tokens, heads, dim; layout ``tnd``). See profile section 5.
 
-``encode_sections`` and ``decode_sections_into`` do a whole layer's blocks in one call.
+``encode_sections`` and ``decode_sections_into`` do a whole layer's blocks in one call;
+``encode_component_sections`` and ``decode_component_into`` are the same for the objects of
+a ``k``, ``v`` or joint ``kv`` track (what publishers and the assembler call).
 ``q8`` runs in compiled kernels (``kvcs/kv/_q8.c``, built by ``make install`` where a C
 compiler is present) for float32, float16 and bfloat16, and otherwise in numpy
 (``_q8_encode_reference``, ``_q8_decode_reference``): the same bytes and values either way.
@@ -35,11 +37,13 @@ __all__ = [
     "codec_name",
     "codec_value",
     "decode_component",
+    "decode_component_into",
     "decode_kv",
     "decode_section",
     "decode_section_into",
     "decode_sections_into",
     "encode_component",
+    "encode_component_sections",
     "encode_kv",
     "encode_section",
     "encode_sections",
@@ -364,33 +368,17 @@ def decode_section_into(codec: str | int, data: Buffer, out: np.ndarray) -> None
     decode_sections_into(codec, (data,), out)
 
 
-def encode_kv(codec: str | int, k_block: np.ndarray, v_block: np.ndarray) -> bytes:
-    """Joint ``kv`` Data: K section then V section; u32be length prefixes for q8 and zstd."""
-    value = codec_value(codec)
-    k = encode_section(value, k_block)
-    v = encode_section(value, v_block)
+def _join_kv(value: int, k: Buffer, v: Buffer) -> bytes:
+    """Joint ``kv`` Data of two encoded sections."""
     if value == 1:
         return b"".join((k, v))
     return b"".join((_U32.pack(len(k)), k, _U32.pack(len(v)), v))
 
 
-def decode_kv(
-    codec: str | int,
-    data: Buffer,
-    dtype: np.dtype | type | str,
-    k_shape: tuple[int, int, int],
-    v_shape: tuple[int, int, int],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split and decode joint ``kv`` Data into (K, V)."""
-    value = codec_value(codec)
-    mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+def _split_kv(value: int, mv: memoryview, k_raw_len: int) -> tuple[memoryview, memoryview]:
+    """The K and V sections of joint ``kv`` Data (views); CodecError on bad framing."""
     if value == 1:
-        dt = _as_dtype(dtype)
-        k_len = int(np.prod(k_shape)) * dt.itemsize
-        return (
-            decode_section(value, mv[:k_len], dt, k_shape),
-            decode_section(value, mv[k_len:], dt, v_shape),
-        )
+        return mv[:k_raw_len], mv[k_raw_len:]
     parts: list[memoryview] = []
     off = 0
     for _ in range(2):
@@ -404,10 +392,28 @@ def decode_kv(
         off += n
     if off != len(mv):
         raise CodecError(f"kv data has {len(mv) - off} trailing octets")
-    return (
-        decode_section(value, parts[0], dtype, k_shape),
-        decode_section(value, parts[1], dtype, v_shape),
-    )
+    return parts[0], parts[1]
+
+
+def encode_kv(codec: str | int, k_block: np.ndarray, v_block: np.ndarray) -> bytes:
+    """Joint ``kv`` Data: K section then V section; u32be length prefixes for q8 and zstd."""
+    value = codec_value(codec)
+    return _join_kv(value, encode_section(value, k_block), encode_section(value, v_block))
+
+
+def decode_kv(
+    codec: str | int,
+    data: Buffer,
+    dtype: np.dtype | type | str,
+    k_shape: tuple[int, int, int],
+    v_shape: tuple[int, int, int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split and decode joint ``kv`` Data into (K, V)."""
+    value = codec_value(codec)
+    dt = _as_dtype(dtype)
+    mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    k, v = _split_kv(value, mv, int(np.prod(k_shape)) * dt.itemsize)
+    return decode_section(value, k, dt, k_shape), decode_section(value, v, dt, v_shape)
 
 
 def layer_digest(k_raw: Buffer, v_raw: Buffer) -> bytes:
@@ -429,6 +435,47 @@ def encode_component(
     if component is Component.KV:
         return encode_kv(codec, k_block, v_block)
     raise TypeError(f"component must be a Component, got {component!r}")
+
+
+def encode_component_sections(
+    component: Component, codec: str | int, k_layer: np.ndarray, v_layer: np.ndarray,
+    block_tokens: int,
+) -> Sequence[Buffer]:
+    """The Data of every ``component`` object of a layer, one per block, from the layer's
+    K and V ``(n * block_tokens, H, D)``: :func:`encode_sections` (one compiled q8 pass per
+    component), joined per block for ``kv``. Equal to :func:`encode_component` per block."""
+    value = codec_value(codec)
+    if component is Component.K:
+        return encode_sections(value, k_layer, block_tokens)
+    if component is Component.V:
+        return encode_sections(value, v_layer, block_tokens)
+    if component is Component.KV:
+        ks = encode_sections(value, k_layer, block_tokens)
+        vs = encode_sections(value, v_layer, block_tokens)
+        return [_join_kv(value, k, v) for k, v in zip(ks, vs, strict=True)]
+    raise TypeError(f"component must be a Component, got {component!r}")
+
+
+def decode_component_into(
+    component: Component, codec: str | int, data: Buffer, k_out: np.ndarray,
+    v_out: np.ndarray,
+) -> None:
+    """Decode the Data of a ``component`` object of one block straight into the
+    preallocated ``(B, H, D)`` arrays ``k_out`` / ``v_out`` (a ``k`` object writes only
+    ``k_out``): no intermediate array for ``q8`` (:func:`decode_sections_into`). Raises as
+    :func:`decode_component`; on an error the carried arrays may be partly written."""
+    if component is Component.K:
+        decode_section_into(codec, data, k_out)
+    elif component is Component.V:
+        decode_section_into(codec, data, v_out)
+    elif component is Component.KV:
+        value = codec_value(codec)
+        mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+        k, v = _split_kv(value, mv, k_out.nbytes)
+        decode_section_into(value, k, k_out)
+        decode_section_into(value, v, v_out)
+    else:
+        raise TypeError(f"component must be a Component, got {component!r}")
 
 
 def decode_component(

@@ -1,7 +1,9 @@
 """The KVCS manifest (JSON object of the "manifest" / "manifest.cose" tracks).
 
 ``Manifest.parse`` validates everything a consumer relies on and raises ManifestError;
-``check_namespace`` binds a manifest to the Compatibility ID of its namespace.
+``check_namespace`` binds a manifest to the Compatibility ID of its namespace;
+``check_protection`` binds the ``protection`` member (a kvcs extension: the publication's
+objects and manifest are MOQT Secure Objects) to how the manifest arrived.
 """
 
 from __future__ import annotations
@@ -14,17 +16,58 @@ from typing import Any
 
 from .errors import DescriptorError, ManifestError
 from .ids import CompatDescriptor, KvcsNamespace
+from .secure import KEY_ID_PROPERTY
 from .tracks import TrackName
 
 __all__ = [
+    "SECURE_OBJECTS",
     "Manifest",
+    "Protection",
     "Segment",
     "check_namespace",
+    "check_protection",
     "expected_digest",
     "segment_covers",
 ]
 
 _HEX = frozenset("0123456789abcdef")
+
+SECURE_OBJECTS = "moq-secure-objects"
+"""The ``protection.scheme`` of publications protected with MOQT Secure Objects."""
+
+
+@dataclass(frozen=True)
+class Protection:
+    """The ``protection`` member: every data track and the manifest track of the
+    publication are protected end to end, so consumers accept only objects that decrypt.
+
+    ``{"scheme": "moq-secure-objects", "key_id_property": 120}``: the scheme and the object
+    property type that carries the Key ID (:data:`kvcs.kv.secure.KEY_ID_PROPERTY`). Key IDs
+    and cipher suites are per object (rotation), so they are not listed.
+    """
+
+    scheme: str = SECURE_OBJECTS
+    key_id_property: int = KEY_ID_PROPERTY
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"scheme": self.scheme, "key_id_property": self.key_id_property}
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> Protection:
+        """Validate a decoded ``protection`` member; ManifestError names what is wrong."""
+        where = "manifest.protection"
+        if not isinstance(obj, dict):
+            raise ManifestError(f"{where} is not an object")
+        scheme = _get(obj, "scheme", str, where)
+        if scheme != SECURE_OBJECTS:
+            raise ManifestError(f"{where}.scheme {scheme!r} is not supported "
+                                f"(expected {SECURE_OBJECTS!r})")
+        prop = _get_int(obj, "key_id_property", where)
+        if prop != KEY_ID_PROPERTY:
+            raise ManifestError(f"{where}.key_id_property {prop:#x} is not supported "
+                                f"(kvcs reads {KEY_ID_PROPERTY:#x})")
+        return cls(scheme, prop)
 
 
 @dataclass
@@ -70,6 +113,8 @@ class Manifest:
     deterministic: bool = False
     segments: list[Segment] = field(default_factory=list)
     kvcs: int = 1
+    protection: Protection | None = None
+    """Set when the publication is protected end to end (omitted from the JSON when None)."""
 
     @classmethod
     def for_descriptor(
@@ -78,10 +123,12 @@ class Manifest:
         *,
         deterministic: bool = False,
         segments: Sequence[Segment] = (),
+        protection: Protection | None = None,
     ) -> Manifest:
         """A manifest whose ``layers`` and ``block_tokens`` come from the descriptor."""
         d = desc if isinstance(desc, CompatDescriptor) else CompatDescriptor.from_dict(desc)
-        return cls(d.to_dict(), d.layers, d.block_tokens, deterministic, list(segments))
+        return cls(d.to_dict(), d.layers, d.block_tokens, deterministic, list(segments),
+                   protection=protection)
 
     @property
     def descriptor(self) -> CompatDescriptor:
@@ -90,7 +137,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {
+        d: dict[str, Any] = {
             "kvcs": self.kvcs,
             "compat": self.compat,
             "layers": self.layers,
@@ -98,6 +145,9 @@ class Manifest:
             "deterministic": self.deterministic,
             "segments": [s.to_dict() for s in self.segments],
         }
+        if self.protection is not None:
+            d["protection"] = self.protection.to_dict()
+        return d
 
     def to_json_bytes(self) -> bytes:
         """Deterministic JSON (sorted keys, no whitespace, UTF-8)."""
@@ -149,7 +199,9 @@ class Manifest:
         numbers = [s.segment for s in segments]
         if len(set(numbers)) != len(numbers):
             raise ManifestError("manifest lists a segment number twice")
-        return cls(desc.to_dict(), layers, block_tokens, deterministic, segments, kvcs)
+        protection = Protection.from_dict(obj["protection"]) if "protection" in obj else None
+        return cls(desc.to_dict(), layers, block_tokens, deterministic, segments, kvcs,
+                   protection)
 
 
 def _get(obj: Mapping[str, Any], name: str, typ: type, where: str) -> Any:
@@ -235,6 +287,17 @@ def check_namespace(manifest: Manifest, namespace_compat_id: bytes | KvcsNamespa
         raise ManifestError(f"manifest.compat: {exc}") from None
     if mine != cid:
         raise ManifestError("manifest compat does not match the namespace Compatibility ID")
+
+
+def check_protection(manifest: Manifest, *, protected: bool) -> None:
+    """Raise ManifestError unless the ``protection`` member agrees with how the manifest
+    arrived (``protected``: it was a Secure Object that decrypted): a protected manifest
+    must declare protection, and a declared protection must not arrive in the clear (a
+    relay that strips it cannot make consumers take the publication as plaintext)."""
+    if protected and manifest.protection is None:
+        raise ManifestError("the manifest arrived encrypted but does not declare protection")
+    if not protected and manifest.protection is not None:
+        raise ManifestError("the manifest declares protection but arrived unencrypted")
 
 
 def segment_covers(segment: Segment, my_block_keys: Sequence[bytes]) -> bool:

@@ -14,7 +14,16 @@ Layers, bottom up (each usable and tested on its own):
   :func:`immutable_properties_of`, :func:`read_key_id`);
 * :class:`SecureObjects`: the content keys of a scope, with per-track derived keys
   cached and per-key usage counted; :meth:`SecureObjects.encrypt_object` and
-  :meth:`SecureObjects.decrypt_object` are what publishers and consumers call.
+  :meth:`SecureObjects.decrypt_object` are what publishers and consumers call;
+* the consumer's policy for any received object (:func:`open_object`): with content keys
+  only objects that decrypt are accepted, without them a protected object is refused.
+
+Two carriages of the Key ID: the draft's (an Immutable Properties object property, the
+Publisher Priority authenticated as received) and, for relays that drop object properties
+or rewrite priorities (moq-dev/moq does both), the same bytes in front of the ciphertext
+(:meth:`ProtectedObject.in_band_payload`, after the magic :data:`IN_BAND_MAGIC`). Both
+authenticate the same AAD; a receiver tells them apart by the presence of Immutable
+Properties, and either from plaintext by its Key ID (:func:`carried_key_id`).
 
 Integers on the wire (lengths, the Key ID value, the Serialized Full Track Name) use the
 MOQT variable-length integer of the MOQT version in use (draft-22: vi64), as the draft's
@@ -41,6 +50,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from ..moqt.errors import ProtocolError
 from ..moqt.wire import (
+    DEFAULT_PUBLISHER_PRIORITY,
     IMMUTABLE_PROPERTIES,
     NeedMore,
     Properties,
@@ -57,6 +67,7 @@ __all__ = [
     "DEFAULT_SUITE",
     "ENCRYPTED_PROPERTIES_LIST",
     "ENCRYPTION_BLOCK_LIMIT",
+    "IN_BAND_MAGIC",
     "KEY_ID_PROPERTY",
     "MAX_KEY_ID",
     "MAX_OBJECT_ID",
@@ -72,16 +83,20 @@ __all__ = [
     "UnknownKeyIdError",
     "aead_for",
     "build_immutable_properties",
+    "carried_key_id",
     "derivation_labels",
     "derive_key_and_salt",
+    "effective_priority",
     "frame_plaintext",
     "immutable_properties_of",
     "moq_secret",
     "object_nonce",
+    "open_object",
     "parse_plaintext",
     "read_key_id",
     "secure_object_aad",
     "serialize_full_track_name",
+    "split_in_band",
 ]
 
 KEY_ID_PROPERTY = 0x78
@@ -97,6 +112,13 @@ is one varint, as the draft defines the Key ID. The cost: other Secure Objects
 implementations will not find the Key ID (none reads kvcs KV-cache tracks today). When the
 WG assigns a type that does not clash, this constant is the only thing to change.
 """
+
+IN_BAND_MAGIC = b"SOB1"
+"""First bytes of an in-band protected payload (:meth:`ProtectedObject.in_band_payload`).
+
+No plaintext kvcs sends starts with them (KVCS payloads start with "KVO1", manifests with
+"{" or a COSE_Sign1 CBOR head), so a consumer without keys can tell a protected object
+from plaintext in both carriages and say that keys are needed."""
 
 ENCRYPTED_PROPERTIES_LIST = 0x000A
 """16-bit type that starts the Encrypted Properties List inside a plaintext."""
@@ -461,6 +483,47 @@ def read_key_id(immutable_properties: Buffer) -> int:
     return ids[0]
 
 
+def carried_key_id(properties: Properties, payload: Buffer = b"") -> int | None:
+    """The Key ID a received object carries, in its Immutable Properties or in-band
+    (``payload`` starts with :data:`IN_BAND_MAGIC`); None for a plaintext object. A
+    malformed Key ID raises :class:`SecureObjectError`."""
+    if any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
+        return read_key_id(immutable_properties_of(properties))
+    if memoryview(payload)[:4] == IN_BAND_MAGIC:
+        return read_key_id(split_in_band(payload)[0])
+    return None
+
+
+def split_in_band(payload: Buffer) -> tuple[memoryview, int, memoryview]:
+    """``(immutable properties, publisher priority, ciphertext)`` of an in-band payload
+    ``"SOB1" || vi64(len(immutable)) || immutable || u8(priority) || ciphertext`` (views,
+    no copy); :class:`SecureObjectError` if it does not parse."""
+    mv = memoryview(payload).cast("B")
+    if mv[:4] != IN_BAND_MAGIC:
+        raise SecureObjectError("no Key ID: neither Immutable Properties nor an in-band "
+                                "Secure Object")
+    try:
+        size, start = decode_vi64(mv, 4)
+    except NeedMore:
+        raise SecureObjectError("in-band Key ID header is truncated") from None
+    end = start + size
+    if end + 1 > mv.nbytes:
+        raise SecureObjectError("in-band Key ID header is truncated")
+    return mv[start:end], mv[end], mv[end + 1 :]
+
+
+def effective_priority(received: int | None, track_properties: Properties = ()) -> int:
+    """The Publisher Priority an object was sent with, as the AAD needs it: the one received
+    (subgroup header, datagram or FETCH object), else the track's
+    DEFAULT_PUBLISHER_PRIORITY (from SUBSCRIBE_OK / FETCH_OK), else 128."""
+    if received is not None:
+        return received
+    for t, v in track_properties:
+        if t == DEFAULT_PUBLISHER_PRIORITY and isinstance(v, int):
+            return v
+    return 128
+
+
 # --------------------------------------------------------------------------- objects
 
 
@@ -500,17 +563,27 @@ class KeyUsage:
 
 @dataclass(frozen=True, slots=True)
 class ProtectedObject:
-    """An encrypted object: send ``payload`` with ``properties`` and the Publisher
-    Priority that was authenticated."""
+    """An encrypted object: send ``payload`` with ``properties`` and exactly
+    ``publisher_priority`` (authenticated), or send :meth:`in_band_payload` alone."""
 
     key_id: int
     immutable_properties: bytes
     payload: bytes
+    publisher_priority: int
 
     @property
     def properties(self) -> Properties:
         """Object properties to send: the Immutable Properties carrying the Key ID."""
         return ((IMMUTABLE_PROPERTIES, self.immutable_properties),)
+
+    def in_band_payload(self) -> bytes:
+        """The in-band carriage, for relays that drop object properties or rewrite
+        priorities: ``"SOB1" || vi64(len(immutable)) || immutable || u8(priority) ||
+        payload``, sent without properties at any priority. The AAD is unchanged; it costs
+        one copy of the payload and 8 bytes more for a one-byte Key ID."""
+        imm = self.immutable_properties
+        return b"".join((IN_BAND_MAGIC, encode_vi64(len(imm)), imm,
+                         bytes((self.publisher_priority,)), self.payload))
 
 
 class _TrackCipher(NamedTuple):
@@ -588,6 +661,18 @@ class SecureObjects:
         """A snapshot of what ``key_id`` has done."""
         return replace(self._usage[key_id])
 
+    def protected_size(self, size: int, *, in_band: bool = False) -> int:
+        """Bytes on the wire of a ``size``-byte payload protected with the current key
+        (the ``in_band`` carriage adds the Key ID header); ValueError without a key."""
+        kid = self._current
+        if kid is None:
+            raise ValueError("no content key to encrypt with")
+        out = len(encode_vi64(size)) + size + self._keys[kid].suite.tag_size
+        if in_band:
+            imm = len(build_immutable_properties(kid))
+            out += len(IN_BAND_MAGIC) + len(encode_vi64(imm)) + imm + 1
+        return out
+
     def _track(self, key_id: int, namespace: Sequence[bytes], track_name: bytes) -> _TrackCipher:
         cache_key = (key_id, tuple(namespace), track_name)
         entry = self._tracks.get(cache_key)
@@ -643,7 +728,7 @@ class SecureObjects:
         ciphertext = track.aead.seal(nonce, aad, plaintext)
         usage.encryptions += 1
         usage.encrypted_blocks += blocks
-        return ProtectedObject(kid, immutable, ciphertext)
+        return ProtectedObject(kid, immutable, ciphertext, publisher_priority)
 
     def decrypt_object(
         self,
@@ -659,13 +744,18 @@ class SecureObjects:
         """Authenticate and decrypt one received object; return its original payload (a
         view of the decrypted bytes).
 
-        ``publisher_priority`` is the effective priority as received (the subgroup header,
-        datagram or FETCH object, else the track's DEFAULT_PUBLISHER_PRIORITY, else 128);
-        ``properties`` are the object's properties as received. Raises
+        ``publisher_priority`` is the effective priority as received
+        (:func:`effective_priority`); ``properties`` are the object's properties as
+        received. An object without Immutable Properties is read as the in-band carriage
+        (:func:`split_in_band`), whose own priority byte is the authenticated one. Raises
         :class:`UnknownKeyIdError` when no key is held for its Key ID, and
         :class:`SecureObjectError` for everything else that is wrong.
         """
-        immutable = immutable_properties_of(properties)
+        if any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
+            immutable = immutable_properties_of(properties)
+        else:
+            in_band, publisher_priority, payload = split_in_band(payload)
+            immutable = bytes(in_band)
         try:  # an object that can never be decrypted is not worth waiting for a key
             aad = secure_object_aad(group_id, object_id, publisher_priority, immutable)
         except ValueError as exc:
@@ -689,3 +779,33 @@ class SecureObjects:
             usage.auth_failures += 1
             raise
         return parse_plaintext(plaintext)
+
+
+def open_object(
+    secure: SecureObjects | None,
+    namespace: Sequence[bytes],
+    track_name: bytes,
+    group_id: int,
+    object_id: int,
+    payload: Buffer,
+    *,
+    publisher_priority: int,
+    properties: Properties,
+) -> Buffer:
+    """A consumer's view of one received object's payload: what it may go on to check.
+
+    With content keys (``secure``) the object must decrypt: a plaintext or tampered object
+    raises :class:`SecureObjectError` (an unknown Key ID :class:`UnknownKeyIdError`), so a
+    relay cannot downgrade a protected publication to plaintext. Without keys the payload
+    is returned as received, unless the object carries a Key ID: then
+    :class:`SecureObjectError` says that content keys are needed.
+    """
+    if secure is not None:
+        return secure.decrypt_object(namespace, track_name, group_id, object_id, payload,
+                                     publisher_priority=publisher_priority,
+                                     properties=properties)
+    kid = carried_key_id(properties, payload)
+    if kid is not None:
+        raise SecureObjectError(f"object is protected (Key ID {kid}) and no content keys "
+                                "are held")
+    return payload

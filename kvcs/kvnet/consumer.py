@@ -36,6 +36,11 @@ Procedures (kvcs-draft "Consumer Procedures"):
   authenticity is required) and placed by a sans-IO
   :class:`~kvcs.kv.assembly.LayerAssembler`; a bad object is discarded and treated as
   missing;
+* protection (``secure=``, the scope's content keys): the manifest and every object must
+  decrypt as MOQT Secure Objects before any KVCS check, and the manifest must declare the
+  protection; a plaintext or tampered object is missing, never a fallback. An object whose
+  Key ID is not held waits ``key_wait_s`` for :meth:`KvConsumer.add_content_key`, then is
+  missing;
 * a layer is yielded as soon as all its needed blocks of K and V are verified, in layer
   order. Missing blocks are retried (other endpoints = other relays, other publications
   when both manifests say ``deterministic``), then fetched over KVSP HTTP, then reported
@@ -77,13 +82,15 @@ from ..kv.cose import Keyring, verify_manifest
 from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from ..kv.index import parse_publication_uri
-from ..kv.manifest import Manifest, Segment, check_namespace, segment_covers
+from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
+from ..kv.secure import ContentKey, SecureObjects, effective_priority
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import (
     PARAM_OBJECTID_FILTER,
     LocationFilter,
     ObjectStatus,
     Parameters,
+    Properties,
     RangeFilter,
 )
 from .manifest_track import ManifestTrack
@@ -151,7 +158,7 @@ class Publication:
 @dataclass
 class ConsumerStats(AssemblyStats):
     """What the consumer saw (for logs, tests and benchmarks): the assembly counters
-    (objects, bytes, rejected, duplicates, excess, http_blocks) and its own."""
+    (objects, bytes, rejected, duplicates, excess, http_blocks, held) and its own."""
 
     retries: int = 0
     first_layer_at: float | None = None
@@ -179,7 +186,7 @@ class KvConsumer:
         tokens: Sequence[int] | np.ndarray,
         *,
         keyring: Keyring | None = None,
-        require_signed: bool = False,
+        require_signed: bool | None = None,
         codec: str | Sequence[str] = "raw",
         hex_namespace: bool = False,
         recompute_budget_s: float = 10.0,
@@ -190,6 +197,8 @@ class KvConsumer:
         index: KvspClient | None = None,
         discovery: str | None = None,
         connect: Callable[[str], Awaitable[Endpoint]] | None = None,
+        secure: SecureObjects | None = None,
+        key_wait_s: float = 2.0,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
         if not self.endpoints and http is None and index is None:
@@ -210,8 +219,11 @@ class KvConsumer:
                            else CompatDescriptor.from_dict(descriptor))
         self.scope = scope
         self.keyring = keyring
-        self.require_signed = require_signed
-        if require_signed and keyring is None:
+        self.require_signed = keyring is not None if require_signed is None else require_signed
+        """Producer authenticity: only manifest.cose verified with ``keyring``, and every
+        object checked against its signed digest. Default: required when a keyring is
+        given (a consumer with producer keys never falls back to unsigned manifests)."""
+        if self.require_signed and keyring is None:
             raise ValueError("require_signed needs a keyring of producer keys")
         self.codecs: tuple[str, ...] = (codec, "raw") if isinstance(codec, str) else tuple(codec)
         """The codec preference order."""
@@ -227,10 +239,27 @@ class KvConsumer:
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
                                self.descriptor.block_tokens)
+        self.secure = secure
+        """The scope's content keys: only protected publications are accepted, and only
+        objects that decrypt (None: only unprotected publications)."""
+        self.key_wait_s = key_wait_s
+        """Seconds an object with an unknown Key ID waits for its key before it is missing."""
+        self._retrievals: set[_Retrieval] = set()
         self.stats = ConsumerStats()
         self.manifests: dict[tuple[bytes, ...], Manifest] = {}
         self.discarded: list[tuple[Publication, str]] = []
         """Publications found but rejected, with the reason."""
+
+    def add_content_key(self, key: ContentKey) -> None:
+        """Hold one more content key (e.g. after the publisher rotated to a Key ID this
+        consumer did not have): objects waiting for it are decrypted now. Only for a
+        consumer of protected publications (``secure=``)."""
+        if self.secure is None:
+            raise ValueError("add_content_key needs a consumer of protected publications "
+                             "(KvConsumer(secure=...))")
+        self.secure.add_key(key)
+        for run in self._retrievals:
+            run.progress.ready.set()
 
     @property
     def endpoint(self) -> Endpoint:
@@ -434,11 +463,12 @@ class KvConsumer:
             async with asyncio.timeout(self.recompute_budget_s):
                 track = await ManifestTrack.open(
                     ep, pub.fields, require_signed=self.require_signed,
-                    retry_until=asyncio.get_running_loop().time() + self.recompute_budget_s)
+                    retry_until=asyncio.get_running_loop().time() + self.recompute_budget_s,
+                    secure=self.secure)
                 blob = await track.next_version()
                 if blob is None:
                     raise ManifestError("the manifest track ended without a version")
-                m = self._check_manifest(pub, blob, track.signed)
+                m = self._check_manifest(pub, blob, track.signed, track.protected)
         except TimeoutError:
             if track is not None:
                 await track.close()
@@ -450,13 +480,16 @@ class KvConsumer:
             raise
         return track, m
 
-    def _check_manifest(self, pub: Publication, blob: bytes, signed: bool) -> Manifest:
+    def _check_manifest(self, pub: Publication, blob: bytes, signed: bool,
+                        protected: bool) -> Manifest:
+        """Check one manifest version (``protected``: it decrypted with the content keys)."""
         if signed:
             if self.keyring is None:
                 raise SignatureError("signed manifest but no keyring to verify it")
             blob = verify_manifest(blob, self.keyring)
         m = Manifest.parse(blob)
         check_namespace(m, pub.namespace.compat_id)
+        check_protection(m, protected=protected)
         seg0 = m.segment(0)
         if seg0 is None:
             raise ManifestError("manifest has no segment 0")
@@ -770,12 +803,25 @@ class _Retrieval:
             self.next += 1
         return out
 
+    def _release_held(self) -> None:
+        """Place the held objects whose content key has arrived, give up those whose wait
+        ended (:meth:`LayerAssembler.release_held`)."""
+        for r in self.runs:
+            if r.assembler.release_held():
+                self.progress.made()
+
+    def _held_until(self) -> float | None:
+        """When the first held object of any segment gives up (``time.monotonic``)."""
+        return min((t for r in self.runs if (t := r.assembler.held_until) is not None),
+                   default=None)
+
     async def run(self, alternates: Sequence[Publication],
                   track: ManifestTrack | None) -> AsyncIterator[KvLayer]:
         c = self.c
         budget = c.recompute_budget_s
         tasks: list[asyncio.Task[None]] = []
         own_track = False
+        c._retrievals.add(self)
         try:
             for r in self.runs:
                 tasks += r.start(self.source)
@@ -786,16 +832,21 @@ class _Retrieval:
                         own_track = True
                 if track is not None:
                     tasks.append(asyncio.create_task(self._follow_manifest(track)))
-            # transfer: wait while anything feeds, at most ``budget`` without progress
+            # transfer: wait while anything feeds or objects wait for their content key
+            # (until add_content_key or their key_wait_s), at most ``budget`` without progress
             while True:
+                self._release_held()
                 for layer in self._ready():
                     yield layer
-                if self.done or not any(r.feeding for r in self.runs):
+                held_until = self._held_until()
+                if self.done or (held_until is None and not any(r.feeding for r in self.runs)):
                     break
                 left = self.progress.last + budget - self.progress.loop.time()
                 if left <= 0:
                     log.warning("no progress for %.1f s (recompute budget): recovering", budget)
                     break
+                if held_until is not None:
+                    left = min(left, max(0.0, held_until - time.monotonic()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.progress.ready.wait(), left)
                 self.progress.ready.clear()
@@ -807,6 +858,7 @@ class _Retrieval:
             if not self.done:
                 raise self._recompute_required("objects missing or failed verification")
         finally:
+            c._retrievals.discard(self)
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -819,9 +871,12 @@ class _Retrieval:
         """Newer manifest versions: their ``object_digests`` check and (signed) confirm
         layers, and a segment may have become complete."""
         try:
-            while (blob := await track.next_version()) is not None:
+            while True:
                 try:
-                    m = self.c._check_manifest(self.pub, blob, track.signed)
+                    blob = await track.next_version()  # decrypted when protected
+                    if blob is None:
+                        break
+                    m = self.c._check_manifest(self.pub, blob, track.signed, track.protected)
                 except (KvcsError, ValueError) as exc:
                     log.warning("discarding manifest version: %s", exc)
                     continue
@@ -924,7 +979,8 @@ class _SegmentRun:
         self.assembler = LayerAssembler(
             c.descriptor, retrieval.layers, n, tracks=select_tracks(seg, c.codecs),
             first_block=seg.first_block, block_keys=c.keys,
-            require_signed=c.require_signed, stats=c.stats)
+            require_signed=c.require_signed, secure=c.secure, namespace=retrieval.pub.fields,
+            key_wait_s=c.key_wait_s, stats=c.stats)
         self.assembler.use_manifest(retrieval.manifest)
         self.feeding = 0
         """Feeders (one per selected track) still running."""
@@ -947,13 +1003,22 @@ class _SegmentRun:
             other.block_keys_sha256 == self.seg.block_keys_sha256 and \
             all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
-    def _take(self, kind: Component, obj: ReceivedObject) -> None:
-        """Give one received object to the assembler; note progress, wake the loop when a
-        layer completed."""
+    def _take(self, kind: Component, obj: ReceivedObject, track_properties: Properties = (),
+              pub: Publication | None = None) -> None:
+        """Give one received object (of ``pub``, default this publication) to the
+        assembler; note progress, wake the loop when a layer completed or the object waits
+        for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the
+        priority an object inherits (protected objects authenticate it)."""
         if obj.status != ObjectStatus.NORMAL:
             return
-        outcome = self.assembler.accept(kind, obj.group_id, obj.object_id, obj.payload)
-        if outcome is Outcome.PLACED:
+        outcome = self.assembler.accept(
+            kind, obj.group_id, obj.object_id, obj.payload,
+            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
+            properties=obj.properties,
+            namespace=None if pub is None or pub is self.r.pub else pub.fields)
+        if outcome is Outcome.HELD:
+            self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
+        elif outcome is Outcome.PLACED:
             self.r.progress.made()
         elif outcome is Outcome.LAYER_COMPLETE:
             self.r.progress.made()
@@ -994,7 +1059,7 @@ class _SegmentRun:
                     priority=0)
                 try:
                     async for obj in sub:
-                        self._take(kind, obj)
+                        self._take(kind, obj, sub.track_properties)
                 finally:
                     if not sub.finished:
                         await sub.cancel()
@@ -1021,7 +1086,7 @@ class _SegmentRun:
 
         async def relay_live() -> None:
             async for obj in sub:
-                self._take(kind, obj)
+                self._take(kind, obj, sub.track_properties)
 
         live = asyncio.create_task(relay_live())
         try:
@@ -1059,8 +1124,9 @@ class _SegmentRun:
         res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
                              location_filter=LocationFilter.absolute_group_end(
                                  first, 0, last - first))
+        props = res.ok.track_properties if res.ok is not None else ()
         async for obj in res:
-            self._take(kind, obj)
+            self._take(kind, obj, props, pub)
 
     # -- recovery --------------------------------------------------------------------
 

@@ -10,8 +10,13 @@ the refusal's retry interval or a backoff from 50 ms to 1 s, until the caller's 
 The
 subscription uses a LOCATION_FILTER Next Object with a FILL_PARAMETERS LOCATION_FILTER
 Relative Start 1: the current version arrives on the fill, later versions (segments
-added, completion, object digests) on the subscription. Verifying the bytes of a version
-is the caller's job.
+added, completion, object digests) on the subscription.
+
+With the scope's content keys (``secure``) every version must decrypt as a MOQT Secure
+Object (:func:`~kvcs.kv.secure.open_object`), and without them a protected version is
+refused, so a relay cannot hand a protected publication's consumer a plaintext manifest.
+Verifying the (decrypted) bytes of a version, signature and ``protection`` member
+included, is the caller's job.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 
 from ..endpoint import Endpoint, MoqtRequestError, Subscription
 from ..kv.errors import SignatureError
+from ..kv.secure import SecureObjects, effective_priority, open_object
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import LocationFilter, ObjectStatus, Parameters, TrackNamespace
@@ -40,10 +46,14 @@ TRANSIENT = frozenset({RequestErrorCode.INTERNAL_ERROR, RequestErrorCode.TIMEOUT
 class ManifestTrack:
     """The versions of one publication's manifest, newest last. Open with :meth:`open`."""
 
-    def __init__(self, subscription: Subscription, name: bytes) -> None:
+    def __init__(self, subscription: Subscription, name: bytes, namespace: TrackNamespace,
+                 secure: SecureObjects | None = None) -> None:
         self.subscription = subscription
         self.name = name
         """``manifest.cose`` or ``manifest``."""
+        self.namespace = tuple(namespace)
+        self.secure = secure
+        """The content keys every version is decrypted with (None: versions in the clear)."""
         self.version = -1
         """Group ID of the newest version returned (-1: none yet)."""
 
@@ -52,24 +62,32 @@ class ManifestTrack:
         """True for ``manifest.cose``."""
         return self.name == SIGNED
 
+    @property
+    def protected(self) -> bool:
+        """True when every version returned was a Secure Object that decrypted."""
+        return self.secure is not None
+
     @classmethod
     async def open(cls, endpoint: Endpoint, namespace: TrackNamespace, *,
-                   require_signed: bool, retry_until: float | None = None) -> ManifestTrack:
+                   require_signed: bool, retry_until: float | None = None,
+                   secure: SecureObjects | None = None) -> ManifestTrack:
         """Subscribe to the manifest track of ``namespace`` (see the module docstring);
         transient refusals are retried until ``retry_until`` (event-loop time; None: no
-        retry).
+        retry). ``secure``: the content keys of a protected publication.
 
         Raises MoqtRequestError for a refusal, and SignatureError when authenticity is
         required and the publication has no ``manifest.cose``."""
         try:
-            return cls(await cls._subscribe(endpoint, namespace, SIGNED, retry_until), SIGNED)
+            sub = await cls._subscribe(endpoint, namespace, SIGNED, retry_until)
+            return cls(sub, SIGNED, namespace, secure)
         except MoqtRequestError as exc:
             if exc.code != RequestErrorCode.DOES_NOT_EXIST:
                 raise
             if require_signed:
                 raise SignatureError("the publication has no signed manifest "
                                      "(manifest.cose does not exist)") from None
-        return cls(await cls._subscribe(endpoint, namespace, UNSIGNED, retry_until), UNSIGNED)
+        sub = await cls._subscribe(endpoint, namespace, UNSIGNED, retry_until)
+        return cls(sub, UNSIGNED, namespace, secure)
 
     @staticmethod
     async def _subscribe(endpoint: Endpoint, namespace: TrackNamespace, name: bytes,
@@ -94,12 +112,18 @@ class ManifestTrack:
 
     async def next_version(self) -> bytes | None:
         """The payload of the next version newer than the last one returned (versions the
-        fill delivers after a newer live one are skipped); None when the track ended."""
+        fill delivers after a newer live one are skipped), decrypted when protected; None
+        when the track ended. A version that does not open (tampered, plaintext to a
+        consumer with keys, protected to one without) raises SecureObjectError; the next
+        call goes on with newer versions."""
         async for obj in self.subscription:
             if obj.status != ObjectStatus.NORMAL or obj.group_id <= self.version:
                 continue
             self.version = obj.group_id
-            return bytes(obj.payload)
+            return bytes(open_object(
+                self.secure, self.namespace, self.name, obj.group_id, obj.object_id,
+                obj.payload, properties=obj.properties, publisher_priority=effective_priority(
+                    obj.publisher_priority, self.subscription.track_properties)))
         return None
 
     async def close(self) -> None:

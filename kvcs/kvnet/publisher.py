@@ -22,6 +22,12 @@ completes; it carries ``object_digests`` for every completed layer.
 Appended tokens (or chunked prefill: one segment per pass) become segments ``.s1``,
 ``.s2`` ... with their own tracks. An error stops the publication; publish again with a
 new :class:`KvPublisher` (new Publication ID).
+
+With ``PublisherOptions(secure=...)`` (the scope's content keys) every object of every data
+track and every manifest version is a MOQT Secure Object (:mod:`kvcs.kv.secure`), sent
+with its Key ID in Immutable Properties and its authenticated Publisher Priority, and the
+manifest says so (``protection``): relays forward and cache ciphertext. A layer's blocks
+are encoded in one call per component (:func:`~kvcs.kv.codecs.encode_component_sections`).
 """
 
 from __future__ import annotations
@@ -29,13 +35,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..kv.codecs import codec_value, encode_component
+from ..kv.codecs import Buffer, codec_value, encode_component_sections
 from ..kv.component import Component
 from ..kv.cose import ProducerKey, sign_manifest
 from ..kv.errors import KvcsError
@@ -48,8 +54,9 @@ from ..kv.ids import (
     new_publication_id,
     scope_id,
 )
-from ..kv.manifest import Manifest, Segment
+from ..kv.manifest import Manifest, Protection, Segment
 from ..kv.payload import HEADER_SIZE, build_payload, data_digest
+from ..kv.secure import ContentKey, SecureObjects
 from ..kv.tracks import TrackName
 from ..moqt.track import Track
 from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
@@ -114,6 +121,13 @@ class PublisherOptions:
     :class:`HandOverTarget`, an Endpoint connected to a kvcs relay), so the publisher may
     leave right after: the relay keeps the publication until MAX_CACHE_DURATION
     (docs/relay.md, "Publish and go"). None: finish() does not wait for the relay.
+
+    ``secure``: protect every data track and the manifest end to end with these content
+    keys (MOQT Secure Objects; the current key encrypts, :meth:`KvPublisher.use_content_key`
+    rotates), e.g. ``load_scope_file("scope.json").secure_objects()``. ``secure_in_band``:
+    carry the Key ID and the authenticated priority at the start of the payload instead of
+    in object properties, for relays that drop object properties or rewrite priorities
+    (moq-dev/moq); consumers read both forms.
     """
 
     codec: str = "raw"
@@ -129,6 +143,8 @@ class PublisherOptions:
     publication_id: bytes | None = None
     data_end_of_track: bool = True
     hand_over_s: float | None = None
+    secure: SecureObjects | None = None
+    secure_in_band: bool = False
 
 
 @dataclass
@@ -171,6 +187,9 @@ class KvPublisher:
         codec_value(self.options.codec)
         if self.options.joint_codec is not None:
             codec_value(self.options.joint_codec)
+        if self.options.secure is not None and self.options.secure.current_key_id is None:
+            raise PublicationError("secure: the content keys have no current key to "
+                                   "encrypt with")
         self.publication_id = self.options.publication_id or new_publication_id()
         self.namespace = KvcsNamespace(scope_id(scope), self.compat_id, self._all_keys[-1],
                                        self.publication_id)
@@ -198,6 +217,32 @@ class KvPublisher:
     def blocks(self, segment: int = 0) -> int:
         """Complete blocks of a segment."""
         return self._segments[segment].blocks
+
+    @property
+    def protected(self) -> bool:
+        """True if the publication's objects are Secure Objects (``options.secure``)."""
+        return self.options.secure is not None
+
+    def use_content_key(self, key: ContentKey) -> None:
+        """Key rotation: encrypt every object from now on with ``key`` (a new Key ID of
+        the scope). Consumers that hold both keys decrypt both; one that lacks the new key
+        holds its objects a bounded time, then treats them as missing."""
+        if self.options.secure is None:
+            raise PublicationError("use_content_key on an unprotected publication")
+        self.options.secure.add_key(key, current=True)
+
+    def _protect(self, track_name: bytes, group: int, object_id: int,
+                 payload: Sequence[Buffer], priority: int) -> tuple[bytes, Properties]:
+        """The payload and object properties to send for one object (its ``payload``
+        pieces are joined once): as given, or encrypted under the current content key."""
+        secure = self.options.secure
+        if secure is None:
+            return b"".join(payload), ()
+        obj = secure.encrypt_object(self.fields, track_name, group, object_id, payload,
+                                    publisher_priority=priority)
+        if self.options.secure_in_band:
+            return obj.in_band_payload(), ()
+        return obj.payload, obj.properties
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -247,6 +292,8 @@ class KvPublisher:
         if o.joint_codec == "raw":
             sizes.append(HEADER_SIZE + per_dim * (d.head_dim + d.v_head_dim))
         for size in sizes:
+            if o.secure is not None:
+                size = o.secure.protected_size(size, in_band=o.secure_in_band)
             total = size * seg.blocks
             if total > o.max_group_bytes:
                 raise PublicationError(
@@ -297,8 +344,9 @@ class KvPublisher:
 
         ``tokens`` must be at least the segment's blocks x block_tokens (extra trailing
         tokens, a partial block, are ignored). Layers of a segment go in order 0..L-1.
-        Objects are published as they are encoded, and the event loop runs every few
-        objects, so the first blocks of a layer are on the wire before the last are encoded.
+        Each component's blocks are encoded in one call, then objects are published as
+        they are hashed (and encrypted), and the event loop runs every few objects, so the
+        first blocks of a layer are on the wire before the last are hashed.
         Concurrent calls are serialized. Waits for the send queue to drain below
         ``options.drain_limit`` (back-pressure).
         """
@@ -336,12 +384,17 @@ class KvPublisher:
         tracks = self._data_tracks(seg.number)
         token0 = seg.first_block * B
         ep = self.endpoint
+        rows = seg.blocks * B
+        k, v = k[:rows], v[:rows]
 
-        def encode(kind: Component, codec: str, b: int) -> bytes:
-            lo = b * B
-            data = encode_component(kind, codec, k[lo:lo + B], v[lo:lo + B])
-            header, body = build_payload(kind, layer, b, token0 + lo, B, codec, data)
-            return b"".join((header, body))
+        def objects(kind: Component, codec: str, name: str,
+                    ) -> Iterator[tuple[bytes, Properties, str]]:
+            """(payload, properties, hex Data Digest) of each block, encoded on demand."""
+            sections = encode_component_sections(kind, codec, k, v, B)
+            for b, data in enumerate(sections):
+                header, body = build_payload(kind, layer, b, token0 + b * B, B, codec, data)
+                payload, props = self._protect(name.encode(), layer, b, (header, body), prio)
+                yield payload, props, data_digest(header).hex()
 
         def end_group(track: Track) -> None:
             ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
@@ -352,15 +405,14 @@ class KvPublisher:
 
         if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
             # Group sizes are known (checked exactly when the segment was added): publish
-            # each object as it is encoded and let the event loop send between batches, so
-            # a layer's first objects leave while the rest is still being encoded.
+            # each object as it is made and let the event loop send between batches, so
+            # a layer's first objects leave while the rest is still being hashed.
             for kind, codec, name in tracks:
                 track = seg.tracks[name]
                 digests: list[str] = []
-                for b in range(seg.blocks):
-                    payload = encode(kind, codec, b)
-                    digests.append(data_digest(payload).hex())
-                    ep.publish(track, layer, b, payload, priority=prio)
+                for b, (payload, props, digest) in enumerate(objects(kind, codec, name)):
+                    digests.append(digest)
+                    ep.publish(track, layer, b, payload, priority=prio, properties=props)
                     if b % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)
                 end_group(track)
@@ -368,21 +420,21 @@ class KvPublisher:
         else:
             # compressed groups under a byte cap: encode every Group of the layer first, so
             # that a layer over the cap publishes nothing
-            groups: list[tuple[str, list[bytes], list[str]]] = []
+            groups: list[tuple[str, list[tuple[bytes, Properties, str]]]] = []
             for kind, codec, name in tracks:
-                payloads = [encode(kind, codec, b) for b in range(seg.blocks)]
-                total = sum(len(x) for x in payloads)
+                made = list(objects(kind, codec, name))
+                total = sum(len(payload) for payload, _, _ in made)
                 if total > o.max_group_bytes:
                     raise self._fail(
                         f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
                         "limit of the relay: use a smaller segment")
-                groups.append((name, payloads, [data_digest(x).hex() for x in payloads]))
-            for name, payloads, digests in groups:
+                groups.append((name, made))
+            for name, made in groups:
                 track = seg.tracks[name]
-                for b, payload in enumerate(payloads):
-                    ep.publish(track, layer, b, payload, priority=prio)
+                for b, (payload, props, _) in enumerate(made):
+                    ep.publish(track, layer, b, payload, priority=prio, properties=props)
                 end_group(track)
-                seg.digests[name].append(digests)
+                seg.digests[name].append([digest for _, _, digest in made])
         seg.next_layer = layer + 1
         seg.layers_done += 1
         seg.since_manifest += 1
@@ -409,7 +461,8 @@ class KvPublisher:
             for s in self._segments
         ]
         return Manifest.for_descriptor(self.descriptor, deterministic=self.options.deterministic,
-                                       segments=segs)
+                                       segments=segs,
+                                       protection=Protection() if self.protected else None)
 
     def _publish_manifest(self) -> None:
         track = self._manifest_track
@@ -419,10 +472,12 @@ class KvPublisher:
             s.since_manifest = 0
         body = self.manifest().to_json_bytes()
         key = self.options.producer_key
-        payload = sign_manifest(body, key) if key is not None else body
+        signed = sign_manifest(body, key) if key is not None else body
         group = self._manifest_version
         self._manifest_version += 1
-        self.endpoint.publish(track, group, 0, payload, priority=0)
+        # signed first, then encrypted: consumers decrypt, then verify the signature
+        payload, props = self._protect(track.name, group, 0, (signed,), 0)
+        self.endpoint.publish(track, group, 0, payload, priority=0, properties=props)
         self.endpoint.publish(track, group, 1, b"", status=ObjectStatus.END_OF_GROUP, priority=0)
 
     async def finish(self) -> None:

@@ -17,6 +17,7 @@ from kvcs.kv.errors import ManifestError
 from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys
 from kvcs.kv.manifest import Manifest, Segment
 from kvcs.kv.payload import build_payload_bytes, data_digest
+from kvcs.kv.secure import CipherSuite, ContentKey, SecureObjects
 from kvcs.kv.tracks import TrackName
 
 K, V, KV = Component.K, Component.V, Component.KV
@@ -463,3 +464,183 @@ def test_partial_keeps_what_was_verified() -> None:
                                                       DATA[1][1][2 * B:3 * B])
     assert not layer.k[B:2 * B].astype(np.float32).any()  # missing rows are zero
     assert not layer.v[3 * B:].astype(np.float32).any()
+
+
+# --------------------------------------------------------------------------- protected
+
+PROTECTED_NS = (b"kvcs-1", b"\x01" * 16, DESC.compat_id, KEYS[-1], b"\x02" * 16)
+
+
+def content_keys(*key_ids: int) -> SecureObjects:
+    return SecureObjects([ContentKey(i, CipherSuite.AES_128_GCM_SHA256_128, bytes([i]) * 32)
+                          for i in key_ids])
+
+
+def sealed(keys: SecureObjects, kind: Component, layer: int, block: int,
+           data: list | None = None, *, in_band: bool = False,
+           key_id: int | None = None) -> dict:
+    """accept() arguments of a protected object, as a publisher sends it."""
+    prio = 128 * layer // LAYERS
+    p = keys.encrypt_object(PROTECTED_NS, str(KV_TRACKS[kind]).encode(), layer, block,
+                            obj(kind, layer, block, data), publisher_priority=prio,
+                            key_id=key_id)
+    if in_band:
+        return {"payload": p.in_band_payload(), "publisher_priority": 3}
+    return {"payload": p.payload, "publisher_priority": prio, "properties": p.properties}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def protected(keys: SecureObjects, clock: Clock | None = None, **kw) -> LayerAssembler:
+    return assembler(secure=keys, namespace=PROTECTED_NS, clock=clock or Clock(), **kw)
+
+
+@pytest.mark.parametrize("in_band", [False, True])
+def test_protected_objects_decrypt_then_verify(in_band: bool) -> None:
+    keys = content_keys(1)
+    asm = protected(keys)
+    for layer in range(LAYERS):
+        for kind in (K, V):
+            for b in range(BLOCKS):
+                asm.accept(kind, layer, b, **sealed(keys, kind, layer, b, in_band=in_band))
+    got = asm.pop_ready()
+    assert [x.index for x in got] == [0, 1, 2]
+    assert all(same(x.k, DATA[x.index][0]) and same(x.v, DATA[x.index][1]) for x in got)
+    assert asm.stats.rejected == 0
+
+
+def _tampered(keys: SecureObjects) -> dict[str, dict]:
+    good = sealed(keys, K, 0, 1)  # under Key ID 2
+    payload = good["payload"]
+    flipped_first = bytes([payload[0] ^ 1]) + payload[1:]
+    flipped_tag = payload[:-1] + bytes([payload[-1] ^ 0x80])
+    outsider = SecureObjects([ContentKey(1, CipherSuite.AES_128_GCM_SHA256_128, bytes(32))])
+    return {
+        "plaintext": {"payload": obj(K, 0, 1)},
+        "wrong key": sealed(outsider, K, 0, 1),
+        "wrong key id": {**good, "properties": sealed(keys, K, 0, 1, key_id=1)["properties"]},
+        "flipped ciphertext byte": {**good, "payload": flipped_first},
+        "flipped tag byte": {**good, "payload": flipped_tag},
+        "other group": sealed(keys, K, 1, 1),
+        "other object": sealed(keys, K, 0, 2),
+        "other track": sealed(keys, V, 0, 1),
+        "other publication": {**good, "namespace": (*PROTECTED_NS[:4], b"\x03" * 16)},
+        "wrong priority": {**good, "publisher_priority": good["publisher_priority"] + 1},
+        "truncated": {**good, "payload": payload[:40]},
+        "no key id": {"payload": payload, "properties": ()},
+        "garbled properties": {**good, "properties": ((0x0B, b"\xff"),)},
+    }
+
+
+@pytest.mark.parametrize("what", sorted(_tampered(content_keys(1, 2))))
+def test_protected_tampering_is_a_missing_object(what: str) -> None:
+    keys = content_keys(1, 2)
+    asm = protected(keys)
+    args = _tampered(keys)[what]
+    assert asm.accept(K, 0, 1, **args) is Outcome.REJECTED
+    assert asm.stats.rejected == 1 and asm.missing()[0] == [0, 1, 2, 3]
+    feed_layer_protected(asm, keys, 0)
+    assert [x.index for x in asm.pop_ready()] == [0]  # the real object replaced it
+
+
+def feed_layer_protected(asm: LayerAssembler, keys: SecureObjects, layer: int) -> None:
+    for kind in (K, V):
+        for b in range(BLOCKS):
+            asm.accept(kind, layer, b, **sealed(keys, kind, layer, b))
+
+
+def test_protected_needs_the_keys_and_refuses_keyless_decoding() -> None:
+    keys = content_keys(1)
+    plain = assembler()  # no keys: a protected object cannot be mistaken for data
+    assert plain.accept(K, 0, 0, **sealed(keys, K, 0, 0)) is Outcome.REJECTED
+    assert plain.accept(K, 0, 0, **sealed(keys, K, 0, 0, in_band=True)) is Outcome.REJECTED
+
+
+def test_unknown_key_id_held_until_the_key_arrives() -> None:
+    sender = content_keys(1, 2)
+    receiver = content_keys(1)
+    clock = Clock()
+    asm = protected(receiver, clock, key_wait_s=2.0)
+    feed_layer_protected(asm, sender, 0)  # under key 2, which the receiver lacks
+    assert asm.stats.held == 2 * BLOCKS and asm.held_until == 102.0
+    assert asm.pop_ready() == [] and asm.missing()[0] == [0, 1, 2, 3]
+    clock.now = 101.0
+    assert asm.release_held() is False  # still waiting
+    receiver.add_key(ContentKey(2, CipherSuite.AES_128_GCM_SHA256_128, bytes([2]) * 32))
+    assert asm.release_held() is True
+    assert [x.index for x in asm.pop_ready()] == [0]
+    assert asm.held_until is None and asm.stats.rejected == 0
+
+
+def test_unknown_key_id_missing_after_the_wait() -> None:
+    sender = content_keys(1, 2)
+    clock = Clock()
+    asm = protected(content_keys(1), clock, key_wait_s=2.0)
+    assert asm.accept(K, 0, 0, **sealed(sender, K, 0, 0)) is Outcome.HELD
+    assert asm.accept(K, 0, 0, **sealed(sender, K, 0, 0)) is Outcome.HELD  # held once
+    clock.now = 102.0
+    assert asm.release_held() is False
+    assert asm.held_until is None and asm.stats.rejected == 1 and asm.stats.held == 1
+    # a Key ID that waited in vain is not waited for again
+    assert asm.accept(K, 0, 1, **sealed(sender, K, 0, 1)) is Outcome.REJECTED
+    assert asm.missing()[0] == [0, 1, 2, 3]
+    for b in range(BLOCKS):  # the same blocks under a held key are taken
+        for kind in (K, V):
+            asm.accept(kind, 0, b, **sealed(sender, kind, 0, b, key_id=1))
+    assert [x.index for x in asm.pop_ready()] == [0]
+
+
+def test_protected_containers_need_the_manifest_digests() -> None:
+    """Containers (KVSP HTTP) of a protected retrieval are taken only where the manifest,
+    which decrypted with the content keys, lists their digests."""
+    keys = content_keys(1)
+    asm = protected(keys)
+    asm.use_manifest(manifest(1))  # lists layer 0 only
+    for b in range(BLOCKS):
+        asm.accept_container(b, container(b))
+    assert [x.index for x in asm.pop_ready()] == [0]
+    assert asm.missing() == {1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}  # unlisted: unconfirmed
+    asm.use_manifest(manifest(LAYERS))
+    assert [x.index for x in asm.pop_ready()] == [1, 2]
+    forged = protected(keys)
+    forged.use_manifest(manifest(LAYERS))
+    forged.accept_container(0, container(0, cache(seed=4)))  # self-consistent, not listed
+    for b in range(1, BLOCKS):
+        forged.accept_container(b, container(b))
+    assert forged.pop_ready() == [] and forged.missing() == {layer: [0] for layer in range(3)}
+    feed_layer_protected(forged, keys, 0)  # objects that decrypt need no listing
+    # a q8 track's listed digests confirm containers encoded again, listed layers only
+    q8_tracks = {KV: TrackName.data(KV, "q8", 0)}
+    q8 = protected(keys, tracks=q8_tracks)
+    q8.use_manifest(manifest(1, tracks=q8_tracks))
+    for b in range(BLOCKS):
+        assert q8.accept_container(b, container(b))
+    assert [x.index for x in q8.pop_ready()] == [0]
+    assert q8.missing() == {1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
+
+
+@pytest.mark.parametrize("codec", ["q8", "zstd"])
+def test_sections_decoded_into_the_layer(codec: str) -> None:
+    """q8 and zstd objects are decoded straight into the layer buffer, as decode_component
+    would decode them."""
+    from kvcs.kv.codecs import decode_component
+
+    tracks = {K: TrackName.data(K, codec, 0), V: TrackName.data(V, codec, 0)}
+    asm = assembler(tracks=tracks)
+    for kind in (K, V):
+        for b in range(BLOCKS):
+            assert asm.accept(kind, 0, b, obj(kind, 0, b, codec=codec)) in (
+                Outcome.PLACED, Outcome.LAYER_COMPLETE)
+    [layer] = asm.pop_ready()
+    for b in range(BLOCKS):
+        rows = slice(b * B, (b + 1) * B)
+        k, v = DATA[0]
+        data = encode_component(K, codec, k[rows], v[rows])
+        want, _ = decode_component(K, codec, data, DESC.dtype, (B, 2, 4), (B, 2, 4))
+        assert want is not None and same(layer.k[rows], want)

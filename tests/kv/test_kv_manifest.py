@@ -154,3 +154,31 @@ def test_duplicate_segment_numbers_rejected():
 
     with pytest.raises(ManifestError, match="twice"):
         Manifest.parse(bad(dup))
+
+
+def test_protection_member():
+    """A protected publication's manifest says so; check_protection binds the member to
+    how the manifest arrived."""
+    from kvcs.kv.manifest import Protection, check_protection
+
+    m = make()
+    assert "protection" not in m.to_dict()
+    m.protection = Protection()
+    b = m.to_json_bytes()
+    assert b'"protection":{"key_id_property":120,"scheme":"moq-secure-objects"}' in b
+    m2 = Manifest.parse(b)
+    assert m2 == m and m2.protection == Protection()
+    check_protection(m2, protected=True)
+    with pytest.raises(ManifestError, match="arrived unencrypted"):
+        check_protection(m2, protected=False)
+    with pytest.raises(ManifestError, match="does not declare protection"):
+        check_protection(make(), protected=True)
+    check_protection(make(), protected=False)
+    for bad, why in (({"scheme": "sframe", "key_id_property": 120}, "not supported"),
+                     ({"scheme": "moq-secure-objects", "key_id_property": 2}, "0x2"),
+                     ({"scheme": "moq-secure-objects"}, "key_id_property"),
+                     ("yes", "not an object")):
+        doc = json.loads(b)
+        doc["protection"] = bad
+        with pytest.raises(ManifestError, match=why):
+            Manifest.parse(json.dumps(doc))
