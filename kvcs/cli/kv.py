@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, add_quic_options, command, stop_on_signals
+from .base import UsageError, add_quic_options, command, stop_on_signals
 
 log = logging.getLogger("kvcs")
 
@@ -59,8 +59,8 @@ def _common(p: argparse.ArgumentParser, *, tokens: bool = True, relay: bool = Tr
 
 
 def _scope(args: argparse.Namespace) -> Any:
-    from .kv.errors import DescriptorError
-    from .kv.ids import ScopeKey
+    from ..kv.errors import DescriptorError
+    from ..kv.ids import ScopeKey
 
     try:
         if args.scope_key:
@@ -80,7 +80,7 @@ def _content_keys(args: argparse.Namespace) -> Any:
     or keyless scope file is a one-line usage error."""
     if not args.protect:
         return None
-    from .kv.scopefile import ScopeFileError, load_scope_file
+    from ..kv.scopefile import ScopeFileError, load_scope_file
 
     if not args.scope_key:
         raise UsageError("--protect needs --scope-key <scope file with content keys> "
@@ -97,8 +97,8 @@ def _content_keys(args: argparse.Namespace) -> Any:
 
 def _keyring(args: argparse.Namespace) -> Any:
     """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
-    from .kv.cose import Keyring
-    from .kv.errors import KvcsError
+    from ..kv.cose import Keyring
+    from ..kv.errors import KvcsError
 
     if not args.keyring:
         return None
@@ -111,7 +111,7 @@ def _keyring(args: argparse.Namespace) -> Any:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    from .kv.files import FileFormatError, load_descriptor, load_tokens
+    from ..kv.files import FileFormatError, load_descriptor, load_tokens
 
     try:
         desc = load_descriptor(args.descriptor)
@@ -123,9 +123,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
 async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
     """An endpoint connected to ``url`` (default ``--relay``) with the relay options."""
-    from .endpoint import Endpoint
-    from .moqt.wire import AuthToken
-    from .transport import QuicSettings
+    from ..endpoint import Endpoint
+    from ..moqt.wire import AuthToken
+    from ..transport import QuicSettings
 
     tokens: tuple[AuthToken, ...] = ()
     if args.token:
@@ -205,7 +205,7 @@ def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_descriptor(args: argparse.Namespace) -> int:
     """``kvcs descriptor``."""
-    from .kv.files import FileFormatError, load_descriptor
+    from ..kv.files import FileFormatError, load_descriptor
 
     if args.check:
         try:
@@ -281,10 +281,10 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_publish(args: argparse.Namespace) -> int:
     """``kvcs publish``."""
-    from .kv.cose import ProducerKey
-    from .kv.files import FileFormatError, load_kv
-    from .kv.store import BlockStore, store_cache
-    from .kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
+    from ..kv.cose import ProducerKey
+    from ..kv.files import FileFormatError, load_kv
+    from ..kv.store import BlockStore, store_cache
+    from ..kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -395,9 +395,9 @@ def _index_client(args: argparse.Namespace) -> Any:
 
 async def _register(index: Any, args: argparse.Namespace, pub: Any, tokens: Any) -> None:
     """Register a publication's moqt:// URI with the KVSP Index for its Block Keys."""
-    from .kv.errors import KvcsError
-    from .kv.ids import block_keys
-    from .kv.index import publication_uri
+    from ..kv.errors import KvcsError
+    from ..kv.ids import block_keys
+    from ..kv.index import publication_uri
 
     keys = block_keys(pub.scope, pub.compat_id, tokens, pub.descriptor.block_tokens)
     uri = publication_uri(args.relay, pub.fields)
@@ -491,7 +491,7 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _codecs(values: list[str] | None) -> list[str]:
     """``--codec`` values (repeated and/or comma-separated) as a preference order."""
-    from .kv.tracks import TrackName
+    from ..kv.tracks import TrackName
 
     names = [c.strip() for v in values or ["raw"] for c in v.split(",") if c.strip()]
     for name in names:
@@ -504,9 +504,9 @@ def _codecs(values: list[str] | None) -> list[str]:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """``kvcs fetch``."""
-    from .kv.errors import KvcsError
-    from .kv.files import FileFormatError, save_kv
-    from .kvnet.consumer import KvConsumer, RecomputeRequired
+    from ..kv.errors import KvcsError
+    from ..kv.files import FileFormatError, save_kv
+    from ..kvnet.consumer import KvConsumer, RecomputeRequired
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -616,7 +616,7 @@ def _http_client(args: argparse.Namespace) -> Any:
 
 def _kvsp_client(urls: list[str], token: str | None, cafile: str | None, pin: str | None,
                  flag: str) -> Any:
-    from .kvnet.kvsp_http import KvspClient
+    from ..kvnet.kvsp_http import KvspClient
 
     try:
         return KvspClient(urls, token, cafile=cafile, pin_sha256=pin)
@@ -657,11 +657,11 @@ def _kvsp_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_kvsp_serve(args: argparse.Namespace) -> int:
     """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
-    from .auth import AuthError, Authorizer
-    from .kv.store import BlockStore
-    from .kvnet.kvsp_http import KvspServer
-    from .relay.config import ConfigError, parse_hostport
-    from .transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
+    from ..auth import AuthError, Authorizer
+    from ..kv.store import BlockStore
+    from ..kvnet.kvsp_http import KvspServer
+    from ..relay.config import ConfigError, parse_hostport
+    from ..transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
 
     _setup_logging(args)
     try:
@@ -726,12 +726,12 @@ def _inspect_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """``kvcs inspect``."""
-    from .endpoint import MoqtRequestError
-    from .kv.cose import verify_manifest
-    from .kv.errors import KvcsError
-    from .kv.ids import KvcsNamespace, scope_id
-    from .kv.manifest import Manifest, check_namespace
-    from .kvnet.manifest_track import ManifestTrack
+    from ..endpoint import MoqtRequestError
+    from ..kv.cose import verify_manifest
+    from ..kv.errors import KvcsError
+    from ..kv.ids import KvcsNamespace, scope_id
+    from ..kv.manifest import Manifest, check_namespace
+    from ..kvnet.manifest_track import ManifestTrack
 
     _setup_logging(args)
     scope = _scope(args)
