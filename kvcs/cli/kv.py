@@ -95,6 +95,20 @@ def _content_keys(args: argparse.Namespace) -> Any:
     return scope.secure_objects()
 
 
+def _scope_file_keys(args: argparse.Namespace) -> Any:
+    """The content keys of ``--scope-key`` when it is a scope file that holds some (None
+    otherwise): ``inspect`` reads protected manifests with them."""
+    from ..kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        return None
+    try:
+        scope = load_scope_file(args.scope_key)
+    except (ScopeFileError, OSError, ValueError):
+        return None  # a plain scope.key file: _scope() reads it
+    return scope.secure_objects() if scope.content_keys else None
+
+
 def _keyring(args: argparse.Namespace) -> Any:
     """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
     from ..kv.cose import Keyring
@@ -197,6 +211,16 @@ def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
                     "See docs/kvsp-profile.md.")
     p.add_argument("--check", metavar="FILE", help="validate FILE and print its "
                    "Compatibility ID")
+    p.add_argument("--from-model", metavar="DIR",
+                   help="derive the descriptor of a local transformers model directory "
+                        "(config.json + weights; needs the [hf] extra); the revision is the "
+                        "SHA-256 of its weight files unless --revision is given")
+    p.add_argument("--model-id", metavar="NAME", help="with --from-model: the model name "
+                   "(default: from the config, else the directory name)")
+    p.add_argument("--revision", metavar="REV", help="with --from-model: the weights "
+                   "revision (e.g. a hub commit)")
+    p.add_argument("--block-tokens", type=int, default=16, metavar="B",
+                   help="with --from-model: tokens per block (default 16)")
     p.add_argument("--out", metavar="FILE", help="write the template to FILE instead of "
                    "printing it (never overwrites)")
     p.set_defaults(func=run_descriptor)
@@ -217,7 +241,10 @@ def run_descriptor(args: argparse.Namespace) -> int:
               f"{desc.dtype_name}, {desc.block_tokens} tokens per block, model "
               f"{desc.members['model']!r}")
         return 0
-    text = json.dumps(DESCRIPTOR_TEMPLATE, indent=2) + "\n"
+    members: dict[str, Any] = DESCRIPTOR_TEMPLATE
+    if args.from_model:
+        members = _descriptor_from_model(args).to_dict()
+    text = json.dumps(members, indent=2) + "\n"
     if args.out:
         try:
             with open(args.out, "x") as f:
@@ -226,10 +253,81 @@ def run_descriptor(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {args.out}: exists (not overwritten)") from None
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
-        print(f"wrote a descriptor template to {args.out}: edit model, revision, tokenizer "
-              "and the geometry to match your model", file=sys.stderr)
+        print(f"wrote the descriptor of {args.from_model} to {args.out}" if args.from_model
+              else f"wrote a descriptor template to {args.out}: edit model, revision, "
+                   "tokenizer and the geometry to match your model", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _descriptor_from_model(args: argparse.Namespace) -> Any:
+    """``descriptor --from-model``: the [hf] integration reads the model directory."""
+    try:
+        from ..integrations.hf import descriptor_for_directory
+    except ImportError as exc:
+        raise UsageError(f"--from-model needs the hf extra (pip install 'kvcs[hf]'): "
+                         f"{exc}") from None
+    if not Path(args.from_model).is_dir():
+        raise UsageError(f"--from-model {args.from_model}: not a directory")
+    try:
+        return descriptor_for_directory(args.from_model, model_id=args.model_id,
+                                        revision=args.revision,
+                                        block_tokens=args.block_tokens)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--from-model {args.from_model}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- sample
+
+
+@command("sample")
+def _sample_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sample", help="write a random KV cache and prompt matching a descriptor (to try "
+                       "the commands)",
+        description="Write random token IDs (--tokens-out, .npy) and a random K/V cache of "
+                    "them (--kv-out: arrays 'k' and 'v' [layers, tokens, kv_heads, head_dim] "
+                    "in the descriptor's dtype), the inputs `kvcs publish` takes. Not a "
+                    "model's cache: for trying relay, publish, inspect and fetch.")
+    p.add_argument("--descriptor", required=True, metavar="JSON",
+                   help="Compatibility Descriptor file (`kvcs descriptor --out`)")
+    p.add_argument("--tokens", type=int, default=1024, metavar="N",
+                   help="prompt length (default 1024)")
+    p.add_argument("--tokens-out", required=True, metavar="FILE", help="token IDs (.npy)")
+    p.add_argument("--kv-out", required=True, metavar="FILE", help="K/V arrays (.npz)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_sample)
+    return p
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """``kvcs sample``."""
+    import numpy as np
+
+    from ..kv.files import FileFormatError, load_descriptor, save_stacked_kv
+
+    try:
+        desc = load_descriptor(args.descriptor)
+    except FileFormatError as exc:
+        raise UsageError(str(exc)) from None
+    if args.tokens < 1:
+        raise UsageError("--tokens must be at least 1")
+    for out in (args.tokens_out, args.kv_out):
+        _check_out(out)
+    rng = np.random.default_rng(args.seed)
+    tokens = rng.integers(0, 32000, args.tokens, dtype=np.int64)
+    shape = (desc.layers, args.tokens, desc.kv_heads, desc.head_dim)
+    k = rng.standard_normal(shape, dtype=np.float32).astype(desc.dtype)
+    v = rng.standard_normal((*shape[:3], desc.v_shape()[2]), dtype=np.float32).astype(desc.dtype)
+    try:
+        np.save(args.tokens_out, tokens)
+        save_stacked_kv(args.kv_out, k, v)
+    except (OSError, FileFormatError) as exc:
+        raise UsageError(str(exc)) from None
+    mib = (k.nbytes + v.nbytes) / 2**20
+    print(f"wrote {args.tokens} token IDs to {args.tokens_out} and a {desc.layers}-layer "
+          f"K/V cache of them ({mib:.1f} MiB) to {args.kv_out}")
     return 0
 
 
@@ -739,6 +837,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.descriptor:
         desc, _ = _load(args)
     keyring = _keyring(args)
+    secure = _scope_file_keys(args)
     sid = scope_id(scope)
     hexf = args.hex_namespace
     fields = [sid] + ([desc.compat_id] if desc else [])
@@ -765,7 +864,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                 track = None
                 try:
                     async with asyncio.timeout(5):
-                        track = await ManifestTrack.open(ep, ns, require_signed=False)
+                        track = await ManifestTrack.open(ep, ns, require_signed=False,
+                                                         secure=secure)
                         blob = await track.next_version()
                 except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                     print(f"  no manifest: {exc or 'none within 5 s'}")
@@ -796,7 +896,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                     continue
                 print(f"  {name} v{g}: {m.layers} layers, {m.block_tokens} "
                       f"tokens/block, model {m.compat.get('model')!r}, "
-                      f"deterministic={m.deterministic}")
+                      f"deterministic={m.deterministic}"
+                      + (", protected (Secure Objects)" if track.protected else ""))
                 for seg in m.segments:
                     print(f"    segment {seg.segment}: blocks {seg.first_block}.."
                           f"{seg.first_block + seg.blocks - 1}, complete={seg.complete}, "
