@@ -65,6 +65,7 @@ WARM_TOKENS = 256
 SCOPE = bytes(range(32))
 TOKEN_BASE = 11
 PREFIX = "@@ "  # role -> orchestrator messages on stdout
+LOOPBACK_DATAGRAM = 60000  # what QuicSettings.loopback() sends on qh3
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -107,10 +108,11 @@ class _Control:
 
 
 def _settings(dgram: int) -> Any:
+    """``QuicSettings.loopback()`` (60000: its own datagram size on qh3), else that preset
+    with ``max_datagram_size=dgram``."""
     from kvcs.transport import QuicSettings
-    from kvcs.transport.config import MAX_DATAGRAM_SIZE_LIMIT
 
-    if dgram == MAX_DATAGRAM_SIZE_LIMIT:
+    if dgram == LOOPBACK_DATAGRAM:
         return QuicSettings.loopback()
     return QuicSettings.loopback(max_datagram_size=dgram)
 
