@@ -107,14 +107,15 @@ class _Control:
             raise SystemExit(f"expected {word!r}, got {got!r}")
 
 
-def _settings(dgram: int) -> Any:
+def _settings(dgram: int, overrides: dict[str, Any] | None = None) -> Any:
     """``QuicSettings.loopback()`` (60000: its own datagram size on qh3), else that preset
-    with ``max_datagram_size=dgram``."""
+    with ``max_datagram_size=dgram``; ``overrides``: more QuicSettings fields."""
     from kvcs.transport import QuicSettings
 
-    if dgram == LOOPBACK_DATAGRAM:
-        return QuicSettings.loopback()
-    return QuicSettings.loopback(max_datagram_size=dgram)
+    extra = dict(overrides or {})
+    if dgram != LOOPBACK_DATAGRAM:
+        extra["max_datagram_size"] = dgram
+    return QuicSettings.loopback(**extra)
 
 
 def _desc() -> Any:
@@ -152,7 +153,7 @@ async def _role_relay(ctl: _Control, cfg: dict[str, Any]) -> None:
 
     relay = Relay(RelayConfig(listen="127.0.0.1:0", anonymous=True, cert_dir=cfg["tmp"],
                               log_level="warning", quic_preset="loopback"),
-                  settings=_settings(cfg["dgram"]))
+                  settings=_settings(cfg["dgram"], cfg.get("quic")))
     await relay.start()
     ctl.say(port=relay.port, pin=relay.fingerprint)
     await ctl.expect("quit")
@@ -167,7 +168,7 @@ async def _role_publisher(ctl: _Control, cfg: dict[str, Any]) -> None:
     from kvcs.kv.ids import ScopeKey
     from kvcs.kvnet.publisher import KvPublisher
 
-    settings = _settings(cfg["dgram"])
+    settings = _settings(cfg["dgram"], cfg.get("quic"))
     tokens = cfg["tokens"]
     target: Any
     port = 0
@@ -216,7 +217,7 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
     from kvcs.kvnet.consumer import KvConsumer
 
     ep = await Endpoint.connect(cfg["url"], pin_sha256=cfg["pin"],
-                                settings=_settings(cfg["dgram"]))
+                                settings=_settings(cfg["dgram"], cfg.get("quic")))
     scope = ScopeKey.from_bytes(SCOPE)
     if cfg["warm"]:
         warm = KvConsumer(ep, scope, _desc(), _tokens(WARM_TOKENS, warm=True))
@@ -303,8 +304,8 @@ async def _role_raw_receiver(ctl: _Control, cfg: dict[str, Any]) -> None:
         sinks.append(_CountingSink(cfg["bytes"]))
         return sinks[-1]
 
-    server = await serve("127.0.0.1", 0, factory, _settings(cfg["dgram"]), cfg["cert"],
-                         cfg["key"])
+    settings = _settings(cfg["dgram"], cfg.get("quic"))
+    server = await serve("127.0.0.1", 0, factory, settings, cfg["cert"], cfg["key"])
     ctl.say(port=server.port)
     quit_ = asyncio.create_task(ctl.expect("quit"))  # takes prof-on / prof-off meanwhile
     while not sinks:
@@ -321,7 +322,8 @@ async def _role_raw_sender(ctl: _Control, cfg: dict[str, Any]) -> None:
     from kvcs.moqt.actions import SendStreamData
     from kvcs.transport import connect
 
-    async with connect(cfg["url"], lambda o, i: _CountingSink(0), _settings(cfg["dgram"]),
+    settings = _settings(cfg["dgram"], cfg.get("quic"))
+    async with connect(cfg["url"], lambda o, i: _CountingSink(0), settings,
                        pin_sha256=cfg["pin"]) as quic:
         ctl.say(ready=True)
         await ctl.expect("go")
@@ -479,7 +481,7 @@ subgroup stream per layer and component); ``--mib`` sets how many publications (
 
 def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         rate: int, tag: str = "", perf_args: str = "", stream_mib: int = 0,
-        tokens: int = TOKENS) -> dict[str, Any]:
+        tokens: int = TOKENS, quic: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one topology once with ``profiler`` on every process; return the summary.
 
     KV topologies move ``mib`` MiB as consecutive publications of ``tokens`` tokens; the
@@ -497,7 +499,7 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     cert = ensure_dev_certificate(tmp)
     base: dict[str, Any] = {"dgram": dgram, "tmp": tmp, "tokens": tokens, "warm": True,
                             "rounds": rounds, "cert": str(cert.certfile),
-                            "key": str(cert.keyfile)}
+                            "key": str(cert.keyfile), "quic": quic or {}}
 
     def cfg(role: str, **extra: Any) -> dict[str, Any]:
         c = dict(base, **extra)
@@ -1046,19 +1048,22 @@ def markdown_tables(suite_json: Path) -> str:
                 vals.append(sum(v for c, v in cats.items() if c.startswith(prefixes)))
             if any(v >= 0.01 for v in vals):
                 out.append(f"| {row} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
-        for label, name in (("kernel: page faults (perf)",
+        for label, name in () if not pf else (("kernel: page faults (perf)",
                              "page faults (first touch of fresh memory)"),
                             ("kernel: sendto (perf)", "sendto (UDP send + loopback delivery)"),
                             ("kernel: recvfrom (perf)", "recvfrom (UDP receive)")):
             vals = [pf.get(r, {}).get("kernel_inclusive", {}).get(name, 0.0) for r in roles]
             out.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
-        sys_rows = [pf.get(r, {}).get("syscalls_per_mib", {}) for r in roles]
-        out.append("| sendto + recvfrom calls per MiB | " + " | ".join(
-            f"{x.get('sendto', 0):.0f} + {x.get('recvfrom', 0):.0f}" for x in sys_rows) + " |")
+        if pf:
+            sys_rows = [pf.get(r, {}).get("syscalls_per_mib", {}) for r in roles]
+            out.append("| sendto + recvfrom calls per MiB | " + " | ".join(
+                f"{x.get('sendto', 0):.0f} + {x.get('recvfrom', 0):.0f}" for x in sys_rows)
+                + " |")
         cp = e.get("cprofile", {}).get("cprofile", {})
-        out.append("| Python calls per 32 KiB object (kvcs's) | " + " | ".join(
-            f"{cp[r]['calls_per_object']:.0f} ({cp[r]['kvcs_calls_per_object']:.0f})"
-            if r in cp else "-" for r in roles) + " |")
+        if cp:
+            out.append("| Python calls per 32 KiB object (kvcs's) | " + " | ".join(
+                f"{cp[r]['calls_per_object']:.0f} ({cp[r]['kvcs_calls_per_object']:.0f})"
+                if r in cp else "-" for r in roles) + " |")
         out.append("")
         for r in roles:
             funcs = py.get(r, {}).get("kvcs_functions", {})
@@ -1084,6 +1089,8 @@ def main(argv: list[str]) -> int:
     r.add_argument("--mib", type=int, default=512,
                    help="MiB of K/V (publications of --tokens tokens; raw: stream bytes)")
     r.add_argument("--tokens", type=int, default=TOKENS, help="tokens per publication")
+    r.add_argument("--quic", action="append", default=[], metavar="FIELD=JSON",
+                   help="a QuicSettings field for every process, e.g. gso=false")
     r.add_argument("--rate", type=int, default=250, help="samples per second (py-spy, perf)")
     r.add_argument("--out", default=str(ROOT / "profiles"))
     r.add_argument("--tag", default="", help="suffix of the run directory name")
@@ -1111,7 +1118,8 @@ def main(argv: list[str]) -> int:
         run_role(args.name, json.loads(args.config))
     elif args.cmd == "run":
         summary = run(args.topology, args.dgram, args.profiler, args.mib, Path(args.out),
-                      args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens)
+                      args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens,
+                      {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)})
         run_dir = Path(args.out) / summary["run"]
         print_report(analyze(run_dir) if args.profiler != "none" else {"summary": summary})
     elif args.cmd == "tables":
