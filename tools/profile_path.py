@@ -48,6 +48,7 @@ import cProfile
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -590,6 +591,7 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         for r in roles.values():
             r.stop()
         profilers.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     data_mib = data_bytes / MiB
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     procs = {}
