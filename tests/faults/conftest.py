@@ -13,9 +13,12 @@ import pytest
 from kvcs.endpoint import Endpoint
 from kvcs.relay import Relay
 from kvcs.testing import LocalNet
-from kvcs.transport import DevCertificate, QuicSettings
+from kvcs.transport import INTERNET_DATAGRAM_SIZE, DevCertificate, QuicSettings
 
 from .impair import Impairment, ImpairmentProxy
+
+INTERNET = QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE)
+"""Settings of every peer of a :class:`FaultNet`: 1350-byte datagrams on loopback too."""
 
 
 class FaultNet(LocalNet):
@@ -59,8 +62,10 @@ class FaultNet(LocalNet):
 
 @pytest.fixture
 async def faultnet(cert: DevCertificate) -> AsyncIterator[FaultNet]:
-    """A :class:`FaultNet` with the internet QUIC preset (1350-byte datagrams: a 1% loss
-    then hits hundreds of datagrams of a few hundred KiB, not a handful of 60000-byte
-    ones)."""
-    async with FaultNet(cert, QuicSettings()) as net:
+    """A :class:`FaultNet` whose every peer sends internet-sized datagrams
+    (:data:`~kvcs.transport.config.INTERNET_DATAGRAM_SIZE`, 1350 bytes: a 1% loss then hits
+    hundreds of datagrams of a few hundred KiB, not a handful of 60000-byte ones).
+    ``QuicSettings()`` alone would send the library's largest datagrams, since the proxy
+    is on loopback."""
+    async with FaultNet(cert, INTERNET) as net:
         yield net
