@@ -92,21 +92,26 @@ async def transfer(cert: DevCertificate, impairment: Impairment | None, seed: in
         return result.judge(data)
 
 
-IMPAIRMENTS = {
-    "loss 1%": Impairment(loss=0.01),
-    "loss 5%": Impairment(loss=0.05),
-    "reorder 5% + duplicate 5%": Impairment(reorder=0.05, duplicate=0.05),
-    "corrupt 2%": Impairment(corrupt=0.02),
-    "all: loss 2%, reorder, duplicate, corrupt, 5+-3 ms": Impairment(
+IMPAIRMENTS: dict[str, tuple[Impairment, Workload]] = {
+    "loss 1%": (Impairment(loss=0.01), LARGE),
+    "loss 5%": (Impairment(loss=0.05), LARGE),
+    "reorder 5% + duplicate 5%": (Impairment(reorder=0.05, duplicate=0.05), LARGE),
+    "corrupt 2%": (Impairment(corrupt=0.02), LARGE),
+    # 5 ms each way on each hop (10 ms RTT): with 2% loss Reno's rate, about
+    # MSS / RTT x 1.22 / sqrt(p), is ~1 MiB/s per hop; 0.6 MiB/s measured end to end,
+    # against ~12 on the unimpaired loopback: this one moves 2 MiB, not 8
+    "all: loss 2%, reorder, duplicate, corrupt, 5+-3 ms": (Impairment(
         loss=0.02, reorder=0.03, duplicate=0.02, corrupt=0.01, delay_ms=5, jitter_ms=3),
+        SMALL),
 }
 
 
 async def _impaired(cert: DevCertificate, scenario: ScenarioRecord, name: str, seed: int,
-                    workload: Workload, live: bool) -> None:
+                    live: bool) -> None:
+    impairment, workload = IMPAIRMENTS[name]
     baseline = await transfer(cert, None, seed, workload=workload, live=live)
     assert baseline.complete and baseline.wrong_tensors == 0
-    got = await transfer(cert, IMPAIRMENTS[name], seed, workload=workload, live=live)
+    got = await transfer(cert, impairment, seed, workload=workload, live=live)
     scenario.record(got, baseline)
     assert got.complete, got.missing
     assert got.wrong_tensors == 0 and got.bytes_lost == 0
@@ -114,8 +119,8 @@ async def _impaired(cert: DevCertificate, scenario: ScenarioRecord, name: str, s
 
 async def test_one_percent_loss_every_hop(cert: DevCertificate,
                                           scenario: ScenarioRecord) -> None:
-    """The fast one (in ``make test``): 2 MiB live through 1% loss on every hop."""
-    await _impaired(cert, scenario, "loss 1%", 31, SMALL, live=True)
+    """The fast one (in ``make test``): 8 MiB live through 1% loss on every hop."""
+    await _impaired(cert, scenario, "loss 1%", 31, live=True)
 
 
 @pytest.mark.faults
@@ -123,8 +128,8 @@ async def test_one_percent_loss_every_hop(cert: DevCertificate,
 @pytest.mark.parametrize("name", list(IMPAIRMENTS))
 async def test_impaired_every_hop(cert: DevCertificate, scenario: ScenarioRecord,
                                   name: str, live: bool) -> None:
-    """8 MiB through each impairment on every hop, live and completed."""
-    await _impaired(cert, scenario, name, 41, LARGE, live=live)
+    """Each impairment on every hop, live and completed."""
+    await _impaired(cert, scenario, name, 41, live=live)
 
 
 # -- blackholes --------------------------------------------------------------------------
