@@ -35,12 +35,14 @@ Layers = list[tuple[np.ndarray, np.ndarray]]
 @dataclass(frozen=True)
 class Workload:
     """A model shape and a prompt: ``layers`` layers of ``blocks`` blocks of 16 tokens,
-    ``kv_heads`` heads of 64 bfloat16 values."""
+    ``kv_heads`` heads of 64 bfloat16 values; the prompt's tokens count up from
+    ``first_token``."""
 
     layers: int = 8
     blocks: int = 16
     kv_heads: int = 4
     block_tokens: int = 16
+    first_token: int = 5000
 
     @cached_property
     def desc(self) -> CompatDescriptor:
@@ -52,7 +54,8 @@ class Workload:
 
     @cached_property
     def prompt(self) -> np.ndarray:
-        return np.arange(5000, 5000 + self.block_tokens * self.blocks, dtype=np.int64)
+        start = self.first_token
+        return np.arange(start, start + self.block_tokens * self.blocks, dtype=np.int64)
 
     @property
     def block_bytes(self) -> int:
