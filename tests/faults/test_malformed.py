@@ -65,9 +65,9 @@ from .workload import (
 async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
                                                  scenario: ScenarioRecord) -> None:
     """Every datagram one client sends is corrupted on the way: its handshake never
-    completes (the relay drops what fails decryption, says nothing, keeps no state for
-    it) while a transfer through the same relay is whole, and garbage datagrams sent
-    straight to the relay's port change nothing either."""
+    completes (the relay drops what fails decryption and says nothing) while a transfer
+    through the same relay is whole, and garbage datagrams sent straight to the relay's
+    port change nothing either."""
     relay = await faultnet.relay()
     good = await faultnet.proxy(relay, seed=71)
     bad = await faultnet.proxy(relay, seed=72, up=Impairment(corrupt=1.0))
@@ -85,8 +85,10 @@ async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
         got = (await consume(consumer(cons_ep))).judge(data)
     finally:
         junk.close()
-    with pytest.raises(ConnectionError):
-        await asyncio.wait_for(attacker, 15)
+    assert not attacker.done()  # still trying: nothing it sent was ever accepted
+    attacker.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await attacker
     scenario.record(got)
     assert got.complete and got.wrong_tensors == 0 and got.bytes_lost == 0
     assert bad.up_counters.corrupted > 0

@@ -154,6 +154,7 @@ async def test_relay_killed_and_restarted_mid_transfer(
     scenario.seconds = got.seconds
 
 
+@pytest.mark.faults
 async def test_relay_killed_second_relay_available(
         net: LocalNet, tmp_path: Path, procs: list[ChildProcess],
         scenario: ScenarioRecord) -> None:
@@ -185,6 +186,7 @@ async def test_relay_killed_second_relay_available(
     assert consumer.stats.resumes >= 1 and ep_a.is_closed
 
 
+@pytest.mark.faults
 async def test_relay_killed_http_holder_available(
         net: LocalNet, tmp_path: Path, procs: list[ChildProcess],
         scenario: ScenarioRecord) -> None:
@@ -223,6 +225,7 @@ async def test_relay_killed_http_holder_available(
     assert time.monotonic() - kill.killed_at < 2 * budget + 1.0
 
 
+@pytest.mark.faults
 async def test_relay_killed_no_other_source(
         net: LocalNet, tmp_path: Path, procs: list[ChildProcess],
         scenario: ScenarioRecord) -> None:
@@ -260,7 +263,7 @@ async def test_relay_killed_no_other_source(
     assert answered < budget + 1.0, answered
 
 
-@pytest.mark.parametrize("blocks", [0, 7])
+@pytest.mark.parametrize("blocks", [pytest.param(0, marks=pytest.mark.faults), 7])
 async def test_publisher_killed_mid_publication(
         net: LocalNet, procs: list[ChildProcess], scenario: ScenarioRecord,
         tmp_path: Path, blocks: int) -> None:
