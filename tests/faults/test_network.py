@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from random import Random
 
 import pytest
 
 from kvcs.endpoint import Endpoint
 from kvcs.kvnet.publisher import KvPublisher
+from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.transport import DevCertificate
 
 from .conftest import INTERNET, FaultNet
@@ -204,3 +206,40 @@ async def test_blackhole_longer_than_the_budget(cert: DevCertificate,
         scenario.note("then whole on the same session")
     finally:
         await net.aclose()
+
+
+@pytest.mark.faults
+async def test_blackhole_longer_than_the_idle_timeout_publisher_reconnects(
+        cert: DevCertificate, scenario: ScenarioRecord) -> None:
+    """3 s of nothing between publisher and relay, whose QUIC idle timeout is 1.5 s: both
+    drop the session; the publisher (a ReconnectingTarget) connects again once the path
+    is back and announces again, the relay pulls the publication anew, and the consumer,
+    whose subscriptions ended with GOING_AWAY, goes on on the same relay: whole, without
+    anybody doing anything."""
+    quick = dataclasses.replace(INTERNET, idle_timeout=1.5)
+    async with FaultNet(cert, INTERNET) as net:
+        origin = await net.relay()
+        pub_hop = await net.proxy(origin, seed=61)
+        cons_ep = await net.client(origin)
+        target = await ReconnectingTarget.connect(
+            f"moqt://127.0.0.1:{pub_hop.port}/", settings=quick,
+            cafile=str(cert.certfile), rng=Random(61))
+        try:
+            data = SMALL.cache(61)
+            pub = SMALL.publisher(target)
+            reached = asyncio.Event()
+            kv = consumer(cons_ep, recompute_budget_s=6.0,
+                          on_progress=lambda _w, i, _n: i == 1 and reached.set())  # type: ignore
+            await pub.start()
+            found = await kv.discover()
+            producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
+            retrieval = asyncio.create_task(consume(kv, found))
+            await reached.wait()
+            pub_hop.blackhole(3.0)
+            got = (await retrieval).judge(data)
+            await producing
+        finally:
+            await target.aclose()
+    scenario.record(got)
+    assert got.complete and got.wrong_tensors == 0 and got.bytes_lost == 0
+    assert target.sessions == 2 and kv.stats.resumes >= 1
