@@ -299,6 +299,20 @@ class KvConsumer:
             ep = self._reopened[ep]
         return ep
 
+    async def _open(self, ep: Endpoint) -> Endpoint:
+        """``ep`` (or its successor) while its session is up; else its relay reopened
+        through ``connect``; ConnectionError when neither is possible."""
+        ep = self._current(ep)
+        if not ep.is_closed:
+            return ep
+        new = await self._reopen(ep, self.recompute_budget_s)
+        if new is None:
+            info = ep.conn.info
+            where = info.authority if info is not None else "the relay"
+            raise ConnectionError(f"the session to {where} has ended"
+                                  + ("" if self.connect else " (no connect= to reopen it)"))
+        return new
+
     async def _endpoint_to_resume(self, current: Endpoint, attempt: int,
                                   timeout: float) -> Endpoint | None:
         """Where an interrupted retrieval goes on: the open endpoints in turn, starting
@@ -368,7 +382,7 @@ class KvConsumer:
                 return pub
         if endpoint is None and not self.endpoints:
             return None
-        ep = endpoint or self.endpoint
+        ep = await self._open(endpoint or self.endpoint)
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
             pub = await self._first_usable(await self._publications_at(ep, n))
@@ -400,7 +414,7 @@ class KvConsumer:
                 return best
         if endpoint is None and not self.endpoints:
             return []
-        ep = endpoint or self.endpoint
+        ep = await self._open(endpoint or self.endpoint)
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
             pubs = await self._publications_at(ep, n)
@@ -518,7 +532,7 @@ class KvConsumer:
                              ) -> tuple[ManifestTrack, Manifest]:
         """Subscribe to the manifest track and check its current version; the track stays
         open for newer versions (the caller closes it)."""
-        ep = endpoint or self._source(pub)
+        ep = await self._open(endpoint or self._source(pub))
         track: ManifestTrack | None = None
         try:
             async with asyncio.timeout(self.recompute_budget_s):
