@@ -74,7 +74,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -620,9 +620,10 @@ class KvConsumer:
                                     "block_keys_sha256 differs from this prompt's Block Keys, "
                                     "or the prompt ends inside it)")
             plan = [(seg, n if blocks is None else min(n, blocks))]
-            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=False):
-                yield layer
+            async with contextlib.aclosing(self._retrieve(
+                    pub, m, plan, layers, alternates, track, absolute=False)) as retrieved:
+                async for layer in retrieved:
+                    yield layer
         finally:
             if track is not None:
                 await track.close()
@@ -649,9 +650,10 @@ class KvConsumer:
             plan = self.prefix_plan(pub, m, blocks)
             if not plan and (blocks is None or blocks > 0):
                 raise ManifestError("the publication covers no block of this prompt")
-            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=True):
-                yield layer
+            async with contextlib.aclosing(self._retrieve(
+                    pub, m, plan, layers, alternates, track, absolute=True)) as retrieved:
+                async for layer in retrieved:
+                    yield layer
         finally:
             if track is not None:
                 await track.close()
@@ -684,17 +686,20 @@ class KvConsumer:
     async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
                         layers: range | None, alternates: Sequence[Publication],
                         track: ManifestTrack | None, *, absolute: bool,
-                        ) -> AsyncIterator[KvLayer]:
+                        ) -> AsyncGenerator[KvLayer, None]:
         if not plan or plan[0][1] <= 0:
             return
         run = _Retrieval(self, pub, m, plan, self._layer_range(layers), absolute)
         self.stats.started_at = time.perf_counter()
-        async for layer in run.run(alternates, track):
-            if self.stats.first_layer_at is None:
-                self.stats.first_layer_at = time.perf_counter()
-            if self.on_progress is not None:
-                self.on_progress("layer", layer.index, run.layers.stop)
-            yield layer
+        # aclosing: a caller that stops reading (break, aclose) ends the transfer at once
+        # (subscriptions cancelled, feeders stopped), not when the generator is collected
+        async with contextlib.aclosing(run.run(alternates, track)) as layers_run:
+            async for layer in layers_run:
+                if self.stats.first_layer_at is None:
+                    self.stats.first_layer_at = time.perf_counter()
+                if self.on_progress is not None:
+                    self.on_progress("layer", layer.index, run.layers.stop)
+                yield layer
         self.stats.finished_at = time.perf_counter()
 
     def _layer_range(self, layers: range | None) -> range:
@@ -972,7 +977,7 @@ class _Retrieval:
                 self._follow(track)
 
     async def run(self, alternates: Sequence[Publication],
-                  track: ManifestTrack | None) -> AsyncIterator[KvLayer]:
+                  track: ManifestTrack | None) -> AsyncGenerator[KvLayer, None]:
         c = self.c
         budget = c.recompute_budget_s
         c._retrievals.add(self)
@@ -1011,8 +1016,10 @@ class _Retrieval:
             for layer in self._ready():
                 yield layer
             if not self.done:
-                async for layer in self._recover(alternates, time.monotonic() + budget):
-                    yield layer
+                async with contextlib.aclosing(
+                        self._recover(alternates, time.monotonic() + budget)) as recovered:
+                    async for layer in recovered:
+                        yield layer
             if not self.done:
                 raise self._recompute_required("objects missing or failed verification")
         finally:
@@ -1045,7 +1052,7 @@ class _Retrieval:
             log.info("manifest follow ended: %s", exc)
 
     async def _recover(self, alternates: Sequence[Publication],
-                       deadline: float) -> AsyncIterator[KvLayer]:
+                       deadline: float) -> AsyncGenerator[KvLayer, None]:
         """Retry the missing blocks from other sources until ``deadline``."""
         c = self.c
         eps = [e for e in c.endpoints if e is not self.source] + [self.source]
