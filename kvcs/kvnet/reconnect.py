@@ -33,7 +33,14 @@ import random
 from ..endpoint import Endpoint, HandOverError, MoqtRequestError, open_session
 from ..moqt.origin import Origin
 from ..moqt.track import Track
-from ..moqt.wire import AuthToken, ObjectStatus, Parameters, Properties, TrackNamespace
+from ..moqt.wire import (
+    AuthToken,
+    ObjectStatus,
+    Parameters,
+    Properties,
+    TrackNamespace,
+    namespace_has_prefix,
+)
 from ..transport import QuicSettings
 from .backoff import Backoff
 
@@ -235,6 +242,18 @@ class ReconnectingTarget:
         ep = self.endpoint
         if ep is not None and not ep.is_closed:
             ep.withdraw(ns)
+
+    def forget(self, namespace: TrackNamespace) -> int:
+        """Withdraw ``namespace`` and drop every track under it, so that a long-lived
+        target publishing one cache after another holds only the current ones (do it once
+        the relay holds the publication: ``PublisherOptions(hand_over_s=...)``). Returns
+        the number of tracks dropped."""
+        ns = tuple(namespace)
+        self.withdraw(ns)
+        dropped = [key for key in self.origin.tracks if namespace_has_prefix(key[0], ns)]
+        for key in dropped:
+            del self.origin.tracks[key]
+        return len(dropped)
 
     async def drain(self, limit: int = 4 << 20) -> None:
         """Back-pressure on the current session; returns at once while there is none

@@ -102,6 +102,8 @@ async def test_reconnects_announces_again_and_serves_everything(
                    if o.status == ObjectStatus.NORMAL]
         assert got == [b"before 0", b"before 1", b"before 2", b"away 3", b"away 4",
                        b"away 5"]
+        assert target.forget(NS) == 1 and not target.origin.tracks
+        await until(lambda: NS not in relay.publishers)
     finally:
         await target.aclose()
     attempts = [r.getMessage() for r in caplog.records
