@@ -101,7 +101,8 @@ async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
     "QUIC connection of a handshake that never decrypted for the whole idle timeout (30 s "
     "measured), so Initials of garbage hold relay state for 30 s each; a handshake "
     "timeout of a few seconds would bound it (kvcs/transport/server.py)"))
-async def test_undecryptable_handshake_forgotten_soon(faultnet: FaultNet) -> None:
+async def test_undecryptable_handshake_forgotten_soon(faultnet: FaultNet,
+                                                     scenario: ScenarioRecord) -> None:
     relay = await faultnet.relay()
     bad = await faultnet.proxy(relay, seed=72, up=Impairment(corrupt=1.0))
     attacker = asyncio.create_task(faultnet.client_via(bad))
@@ -282,7 +283,7 @@ async def test_malicious_upstream_relay(cert: DevCertificate, scenario: Scenario
     "so once the upstream is gone a completed publication the edge still holds (and serves "
     "to FETCH/SUBSCRIBE) is no longer discoverable"))
 async def test_held_publication_discoverable_after_the_upstream_is_lost(
-        cert: DevCertificate) -> None:
+        cert: DevCertificate, scenario: ScenarioRecord) -> None:
     up = HostileUpstream()
     async with LocalNet(cert) as net:
         try:
@@ -307,7 +308,8 @@ async def test_held_publication_discoverable_after_the_upstream_is_lost(
     "the downstream subscription with PUBLISH_DONE INTERNAL_ERROR (0x0), digest 8.8 wants "
     "MALFORMED_TRACK (0x12): kvcs/relay/links.py Links.on_event maps the upstream "
     "RequestFailed to INTERNAL_ERROR; same path as test_malformed_track_from_a_publisher"))
-async def test_malformed_track_from_the_upstream_relay(cert: DevCertificate) -> None:
+async def test_malformed_track_from_the_upstream_relay(cert: DevCertificate,
+                                                      scenario: ScenarioRecord) -> None:
     """The upstream answers a SUBSCRIBE with an object after End of Group: the edge keeps
     the upstream session, caches nothing of the track and ends its consumer's
     subscription with MALFORMED_TRACK."""
