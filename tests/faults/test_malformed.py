@@ -64,10 +64,12 @@ from .workload import (
 
 async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
                                                  scenario: ScenarioRecord) -> None:
-    """Every datagram one client sends is corrupted on the way: its handshake never
-    completes (the relay drops what fails decryption and says nothing) while a transfer
-    through the same relay is whole, and garbage datagrams sent straight to the relay's
-    port change nothing either."""
+    """One byte of every datagram one client sends is changed on the way, and datagrams of
+    garbage go straight to the relay's port: QUIC drops every packet whose AEAD tag fails
+    (a datagram of several coalesced packets may still carry an intact one, so on aioquic
+    that client may even get connected: with bytes that passed the check), nothing
+    corrupted reaches MOQT (no protocol error), and a transfer through the same relay is
+    whole."""
     relay = await faultnet.relay()
     good = await faultnet.proxy(relay, seed=71)
     bad = await faultnet.proxy(relay, seed=72, up=Impairment(corrupt=1.0))
@@ -85,14 +87,14 @@ async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
         got = (await consume(consumer(cons_ep))).judge(data)
     finally:
         junk.close()
-    assert not attacker.done()  # still trying: nothing it sent was ever accepted
     attacker.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await attacker
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+        await attacker  # connected (closed with the net) or not
     scenario.record(got)
     assert got.complete and got.wrong_tensors == 0 and got.bytes_lost == 0
     assert bad.up_counters.corrupted > 0
-    assert len(relay.sessions) == 2 and not pub_ep.is_closed and not cons_ep.is_closed
+    assert relay.metrics.get("kvcs_relay_protocol_errors_total") == 0
+    assert not pub_ep.is_closed and not cons_ep.is_closed
 
 
 @pytest.mark.faults
