@@ -9,7 +9,8 @@ The public API::
   :class:`QuicSettings` (datagram sizes, QUIC library, keep-alive);
 * KV caches: :class:`KvPublisher` and :class:`PublisherOptions` (a prefill worker),
   :class:`KvConsumer` (a decode worker) and :class:`RecomputeRequired` (what it could not
-  get in time); identity: :class:`CompatDescriptor`, :class:`ScopeKey`, :class:`Keyring`;
+  get in time), :class:`ReconnectingTarget` (a publish target that reconnects by itself);
+  identity: :class:`CompatDescriptor`, :class:`ScopeKey`, :class:`Keyring`;
 * errors: :class:`KvcsError` (every KV-level error; :class:`VerificationError` for bytes
   that fail a check, :class:`PublicationError`), :class:`MoqtRequestError` (a refused
   request, with the draft's code), :class:`SessionClosedError`, :class:`ProtocolError` (a
@@ -26,7 +27,14 @@ from .endpoint import Endpoint, MoqtRequestError, SessionClosedError
 from .errors import ConfigError
 from .hosting import TrackHost
 from .kv import CompatDescriptor, Keyring, KvcsError, ScopeKey, VerificationError
-from .kvnet import KvConsumer, KvPublisher, PublicationError, PublisherOptions, RecomputeRequired
+from .kvnet import (
+    KvConsumer,
+    KvPublisher,
+    PublicationError,
+    PublisherOptions,
+    RecomputeRequired,
+    ReconnectingTarget,
+)
 from .moqt.errors import ProtocolError
 from .relay import Relay, RelayConfig
 from .transport import QuicSettings
@@ -50,6 +58,7 @@ __all__ = [
     "PublisherOptions",
     "QuicSettings",
     "RecomputeRequired",
+    "ReconnectingTarget",
     "Relay",
     "RelayConfig",
     "ScopeKey",
