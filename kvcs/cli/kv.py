@@ -135,9 +135,13 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return desc, tokens
 
 
-async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
-    """An endpoint connected to ``url`` (default ``--relay``) with the relay options."""
+async def _connect(args: argparse.Namespace, url: str | None = None, *,
+                   reconnecting: bool = False) -> Any:
+    """An endpoint connected to ``url`` (default ``--relay``) with the relay options; with
+    ``reconnecting``, a started :class:`~kvcs.kvnet.reconnect.ReconnectingTarget` instead
+    (a publisher whose relay restarts reconnects and announces again by itself)."""
     from ..endpoint import Endpoint
+    from ..kvnet.reconnect import ReconnectingTarget
     from ..moqt.wire import AuthToken
     from ..transport import QuicSettings
 
@@ -150,11 +154,14 @@ async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     url = url or args.relay
+    options: dict[str, Any] = dict(settings=settings, verify=not args.insecure,
+                                   cafile=args.cafile, pin_sha256=args.pin,
+                                   auth_tokens=tokens)
     try:
-        return await Endpoint.connect(url, settings=settings, verify=not args.insecure,
-                                      cafile=args.cafile, pin_sha256=args.pin,
-                                      auth_tokens=tokens)
-    except (ConnectionError, ValueError, OSError) as exc:
+        if reconnecting:
+            return await ReconnectingTarget.connect(url, **options)
+        return await Endpoint.connect(url, **options)
+    except (ConnectionError, ValueError, OSError, TimeoutError) as exc:
         hint = ""
         if "certificate" in str(exc) and not (args.cafile or args.pin or args.insecure):
             hint = ("; the relay's certificate is not trusted here: pass --pin <its SHA-256 "
@@ -424,14 +431,14 @@ def run_publish(args: argparse.Namespace) -> int:
         raise UsageError("--hand-over-timeout must be positive")
 
     async def run() -> int:
-        ep = await _connect(args)
+        target = await _connect(args, reconnecting=True)
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
                                     producer_key=key, hex_namespace=args.hex_namespace,
                                     hand_over_s=hand_over, secure=secure,
                                     secure_in_band=args.protect_in_band)
             try:
-                pub = KvPublisher(ep, scope, desc, tokens, opts)
+                pub = KvPublisher(target, scope, desc, tokens, opts)
             except PublicationError as exc:
                 raise UsageError(str(exc)) from None
             await pub.start()
@@ -458,13 +465,12 @@ def run_publish(args: argparse.Namespace) -> int:
                       "leaving", flush=True)
             if args.linger is None and hand_over is None:
                 print("serving the tracks; Ctrl-C to stop", flush=True)
-                await ep.wait_closed()
+                await asyncio.Event().wait()  # reconnects to a restarted relay meanwhile
             elif args.linger:
                 await asyncio.sleep(args.linger)
             return 0
         finally:
-            ep.close()
-            await ep.wait_closed()
+            await target.aclose()
             if index is not None:
                 await index.aclose()
 
