@@ -29,7 +29,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+# no "Loading weights" progress bars from transformers in the workers' interleaved output
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 QUESTIONS = [  # ones the 135M model answers from the prompt (it gets fares wrong)
     "What is the phone number of the help line?",
     "When is the help line open?",
