@@ -81,13 +81,17 @@ class LocalNet:
         self.endpoints.append(ep)
         return ep
 
-    async def aclose(self) -> None:
-        """Close every endpoint, then every relay (downstream first)."""
+    async def close_endpoints(self) -> None:
+        """Close every endpoint and wait (2 s at most each) until it is closed."""
         for ep in self.endpoints:
             ep.close()
         for ep in self.endpoints:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ep.wait_closed(), 2)
+
+    async def aclose(self) -> None:
+        """Close every endpoint, then every relay (downstream first)."""
+        await self.close_endpoints()
         for relay in reversed(self.relays):
             with contextlib.suppress(Exception):
                 await relay.stop(grace=0)
