@@ -22,7 +22,7 @@ from kvcs.moqt.requests import message_footprint, namespace_footprint
 from kvcs.moqt.session import Session
 from kvcs.moqt.wire.params import PARAM_SUBGROUP_FILTER
 
-from .pair import Opener, close_codes, established, kinds, of_type
+from .pair import Opener, close_codes, established, kinds, of_type, subscribed
 
 NS = (b"kv", b"flood")
 SETUP = wire.encode_message(wire.Setup(wire.SetupOptions()))
@@ -235,13 +235,7 @@ def _subgroup(alias: int, group: int, objects: list[bytes], props: bool = False)
 def _subscribed(**client_limits: Any) -> tuple[Any, int, int]:
     """A pair with one established subscription; (pair, request id, alias)."""
     p = established(client_cfg=SessionConfig(is_client=True, **client_limits))
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    alias = p.server.subscribe_ok(rid)
-    p.pump()
-    p.events(p.client)
-    return p, rid, alias
+    return (p, *subscribed(p, NS))
 
 
 def test_huge_object_announcements_stop_only_their_streams() -> None:

@@ -15,7 +15,15 @@ from kvcs.moqt.actions import ResetStream, StopSending
 from kvcs.moqt.errors import SessionCode, StreamResetCode
 from kvcs.moqt.session import Session, SessionConfig
 
-from .pair import Opener, Pair, close_codes, established, kinds, of_type, raw_server
+from .pair import (
+    Opener,
+    close_codes,
+    established,
+    kinds,
+    of_type,
+    raw_server,
+    subscribed,
+)
 from .test_request_table import K, accept, start
 
 PV = SessionCode.PROTOCOL_VIOLATION
@@ -209,21 +217,11 @@ def test_fetch_stream_naming_a_request_we_answer_is_abandoned() -> None:
 # ------------------------------------------------------------ malformed tracks
 
 
-def _subscription(p: Pair) -> tuple[int, int]:
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    alias = p.server.subscribe_ok(rid)
-    p.pump()
-    p.events(p.client)
-    return rid, alias
-
-
 @pytest.mark.parametrize("final_status", [3, 4], ids=["end-of-group", "end-of-track"])
 def test_object_beyond_end_of_group_cancels_the_subscription(final_status: int) -> None:
     p = established()
-    rid, alias = _subscription(p)
-    other, other_alias = _subscription(p)
+    rid, alias = subscribed(p, NS)
+    other, other_alias = subscribed(p, NS)
     w = wire.SubgroupWriter(wire.SubgroupHeader(alias, 0, 0, None))
     raw = (w.header_bytes() + w.object_prefix(0, 4) + b"good"
            + w.object_prefix(1, 0, status=final_status) + w.object_prefix(2, 3) + b"bad")
