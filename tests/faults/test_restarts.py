@@ -76,6 +76,18 @@ def _connect(cert: DevCertificate):  # type: ignore[no-untyped-def]
     return connect
 
 
+async def _publisher_and_consumer_endpoint(net: LocalNet,
+                                          relay: RelayProcess) -> tuple[KvPublisher, Endpoint]:
+    """A started publisher and a consumer's endpoint, both connected to ``relay`` (a relay
+    process) and closed with ``net``."""
+    connect = _connect(net.cert)
+    pub_ep, cons_ep = await connect(relay.url), await connect(relay.url)
+    net.endpoints += [pub_ep, cons_ep]
+    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
+    await pub.start()
+    return pub, cons_ep
+
+
 class Kill:
     """Calls ``action`` (once) when the consumer has yielded layer ``at``."""
 
@@ -203,11 +215,7 @@ async def test_relay_killed_http_holder_available(
     data = kv_cache(23)
     store = BlockStore(tmp_path / "store")
     store_cache(store, DESC, SCOPE, PROMPT, [k for k, _ in data], [v for _, v in data])
-    pub_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    cons_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    net.endpoints += [pub_ep, cons_ep]
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    await pub.start()
+    pub, cons_ep = await _publisher_and_consumer_endpoint(net, relay)
     kill = Kill(at=2)
     budget = 2.0
     async with KvspServer(store, authorizer=Authorizer(anonymous=True), certfile=cafile,
@@ -238,13 +246,8 @@ async def test_relay_killed_no_other_source(
     relay = RelayProcess(net.cert, tmp_path)
     procs.append(relay)
     await relay.start()
-    cafile = str(net.cert.certfile)
     data = kv_cache(24)
-    pub_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    cons_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    net.endpoints += [pub_ep, cons_ep]
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    await pub.start()
+    pub, cons_ep = await _publisher_and_consumer_endpoint(net, relay)
     kill = Kill(at=2)
     budget = 2.0
     consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT, recompute_budget_s=budget,
