@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import wire
+from .requests import RequestMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +50,7 @@ class RequestReceived:
     """
 
     request_id: int
-    message: (
-        wire.Subscribe
-        | wire.Fetch
-        | wire.TrackStatus
-        | wire.PublishNamespace
-        | wire.SubscribeNamespace
-        | wire.SubscribeTracks
-        | wire.Publish
-    )
+    message: RequestMessage
 
 
 @dataclass(frozen=True, slots=True)
