@@ -36,11 +36,8 @@ AUTH_RELAY = Authorizer.from_mapping({"tokens": [
 
 
 @pytest.fixture
-async def holder(net: LocalNet, tmp_path: Path) -> AsyncIterator[KvspServer]:
-    cert = net.cert
-    async with KvspServer(BlockStore(tmp_path / "store"), authorizer=AUTH,
-                          certfile=str(cert.certfile), keyfile=str(cert.keyfile)) as srv:
-        yield srv
+async def holder(net: LocalNet, tmp_path: Path) -> KvspServer:
+    return await net.kvsp_server(BlockStore(tmp_path / "store"), AUTH)
 
 
 @pytest.fixture

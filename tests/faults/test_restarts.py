@@ -19,11 +19,10 @@ from random import Random
 
 import pytest
 
-from kvcs.auth import Authorizer
 from kvcs.endpoint import Endpoint
 from kvcs.kv.store import BlockStore, store_cache
 from kvcs.kvnet.consumer import KvConsumer
-from kvcs.kvnet.kvsp_http import KvspClient, KvspServer
+from kvcs.kvnet.kvsp_http import KvspClient
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.testing import LocalNet
@@ -211,16 +210,14 @@ async def test_relay_killed_http_holder_available(
     relay = RelayProcess(net.cert, tmp_path)
     procs.append(relay)
     await relay.start()
-    cafile = str(net.cert.certfile)
     data = kv_cache(23)
     store = BlockStore(tmp_path / "store")
     store_cache(store, DESC, SCOPE, PROMPT, [k for k, _ in data], [v for _, v in data])
     pub, cons_ep = await _publisher_and_consumer_endpoint(net, relay)
     kill = Kill(at=2)
     budget = 2.0
-    async with KvspServer(store, authorizer=Authorizer(anonymous=True), certfile=cafile,
-                          keyfile=str(net.cert.keyfile)) as holder, \
-            KvspClient(holder.url, None, pin_sha256=net.cert.sha256) as http:
+    holder = await net.kvsp_server(store)
+    async with KvspClient(holder.url, None, pin_sha256=net.cert.sha256) as http:
         consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT, recompute_budget_s=budget,
                               http=http, on_progress=kill.on_progress)
         found = await consumer.discover()
