@@ -59,19 +59,21 @@ def record_cpu(run: str, payload: int, **roles: float) -> None:
     CPU_US_PER_MIB[run] = {k: round(v / mib * 1e6) for k, v in roles.items()}
 
 
-class _Sink:
-    """Sans-IO stand-in that counts received stream bytes."""
+class CountingSink:
+    """Sans-IO stand-in session that counts received stream bytes. ``done`` is the time
+    ``total`` bytes had arrived (on any number of streams), or, without ``total``, the
+    time of the first FIN. The sending side appends its actions to ``out``."""
 
-    def __init__(self, opener: StreamOpener, info: ConnectionInfo) -> None:
-        self.opener = opener
-        self.info = info
+    def __init__(self, total: int | None = None) -> None:
+        self.total = total
         self.received = 0
         self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self.out: list[Action] = []
 
     def stream_data(self, stream_id: int, data: bytes, end: bool) -> None:
         self.received += len(data)
-        if end and not self.done.done():
+        finished = end if self.total is None else self.received >= self.total
+        if finished and not self.done.done():
             self.done.set_result(time.perf_counter())
 
     def stream_reset(self, stream_id: int, code: int) -> None:
@@ -97,7 +99,7 @@ async def _send(conn: MoqtConnection, total_bytes: int) -> float:
     """Write ``total_bytes`` on a new uni stream with back-pressure; return the start time."""
     stream_id = conn.open_stream(unidirectional=True)
     client = conn.session
-    assert isinstance(client, _Sink)
+    assert isinstance(client, CountingSink)
     chunk = bytes(1 * MiB)
     sent = 0
     start = time.perf_counter()
@@ -112,9 +114,11 @@ async def _send(conn: MoqtConnection, total_bytes: int) -> float:
     return start
 
 
-def _sink_factory(sinks: list[_Sink]) -> Callable[[StreamOpener, ConnectionInfo], _Sink]:
-    def factory(opener: StreamOpener, info: ConnectionInfo) -> _Sink:
-        sink = _Sink(opener, info)
+def _sink_factory(
+    sinks: list[CountingSink],
+) -> Callable[[StreamOpener, ConnectionInfo], CountingSink]:
+    def factory(opener: StreamOpener, info: ConnectionInfo) -> CountingSink:
+        sink = CountingSink()
         sinks.append(sink)
         return sink
 
@@ -124,7 +128,7 @@ def _sink_factory(sinks: list[_Sink]) -> Callable[[StreamOpener, ConnectionInfo]
 async def _sender_main(
     conn: Connection, url: str, settings: QuicSettings, pin: str, total_bytes: int
 ) -> None:
-    sinks: list[_Sink] = []
+    sinks: list[CountingSink] = []
     async with connect(url, _sink_factory(sinks), settings, pin_sha256=pin) as quic:
         cpu = time.process_time()
         start = await _send(quic, total_bytes)
@@ -153,7 +157,7 @@ async def raw_stream_throughput(
     """
     with tempfile.TemporaryDirectory() as tmp:
         cert = ensure_dev_certificate(tmp)
-        sinks: list[_Sink] = []
+        sinks: list[CountingSink] = []
         server = await serve(
             "127.0.0.1", 0, _sink_factory(sinks), settings, str(cert.certfile),
             str(cert.keyfile)

@@ -46,44 +46,42 @@ async def main(args: argparse.Namespace) -> int:
     shared = demo_model.prompt(args.tokens, args.seed)
     extra = np.arange(args.extra_tokens, dtype=np.int64) + 7
     tokens = np.concatenate([shared, extra])  # our prompt extends the published one
-    ep = await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
-                                settings=QuicSettings.loopback())
-    consumer = KvConsumer(ep, demo_model.scope(), desc, tokens)
-    deadline = time.monotonic() + args.discover_timeout
-    pub = await consumer.discover()
-    while pub is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    async with await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
+                                      settings=QuicSettings.loopback()) as ep:
+        consumer = KvConsumer(ep, demo_model.scope(), desc, tokens)
+        deadline = time.monotonic() + args.discover_timeout
         pub = await consumer.discover()
-    if pub is None:
-        print(f"{name}: no publication found", flush=True)
-        return 1
-    manifest = await consumer.manifest(pub)
-    live = not manifest.segments[0].complete
-    print(f"{name}: found publication {pub.namespace.publication_id.hex()[:12]} covering "
-          f"{pub.prefix_blocks}/{len(consumer.keys)} blocks "
-          f"({'live, still being produced' if live else 'completed'})", flush=True)
-    t0 = time.perf_counter()
-    n_rows = pub.prefix_blocks * desc.block_tokens
-    try:
-        async for layer in consumer.layers(pub, manifest=manifest):
-            k, v = demo_model.layer_kv(desc, layer.index, args.tokens, args.seed)
-            ok = (np.array_equal(layer.k.view(np.uint16), k[:n_rows].view(np.uint16))
-                  and np.array_equal(layer.v.view(np.uint16), v[:n_rows].view(np.uint16)))
-            print(f"{name}: layer {layer.index} verified at {time.perf_counter() - t0:.3f} s "
-                  f"({'equal to the published tensors' if ok else 'MISMATCH'})", flush=True)
-            if not ok:
-                return 2
-    except RecomputeRequired as exc:
-        print(f"{name}: must recompute {exc.missing}", flush=True)
-        return 3
-    st = consumer.stats
-    total = time.perf_counter() - t0
-    print(f"{name}: {desc.layers} layers, {st.bytes / 2**20:.1f} MiB verified in {total:.3f} s;"
-          f" first layer after {st.first_layer_at - st.started_at:.3f} s; "
-          f"{st.rejected} rejected, {st.retries} retries; the last "
-          f"{len(tokens) - n_rows} tokens are computed locally", flush=True)
-    ep.close()
-    await ep.wait_closed()
+        while pub is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            pub = await consumer.discover()
+        if pub is None:
+            print(f"{name}: no publication found", flush=True)
+            return 1
+        manifest = await consumer.manifest(pub)
+        live = not manifest.segments[0].complete
+        print(f"{name}: found publication {pub.namespace.publication_id.hex()[:12]} covering "
+              f"{pub.prefix_blocks}/{len(consumer.keys)} blocks "
+              f"({'live, still being produced' if live else 'completed'})", flush=True)
+        t0 = time.perf_counter()
+        n_rows = pub.prefix_blocks * desc.block_tokens
+        try:
+            async for layer in consumer.layers(pub, manifest=manifest):
+                k, v = demo_model.layer_kv(desc, layer.index, args.tokens, args.seed)
+                ok = (np.array_equal(layer.k.view(np.uint16), k[:n_rows].view(np.uint16))
+                      and np.array_equal(layer.v.view(np.uint16), v[:n_rows].view(np.uint16)))
+                print(f"{name}: layer {layer.index} verified at {time.perf_counter() - t0:.3f} s "
+                      f"({'equal to the published tensors' if ok else 'MISMATCH'})", flush=True)
+                if not ok:
+                    return 2
+        except RecomputeRequired as exc:
+            print(f"{name}: must recompute {exc.missing}", flush=True)
+            return 3
+        st = consumer.stats
+        total = time.perf_counter() - t0
+        print(f"{name}: {desc.layers} layers, {st.bytes / 2**20:.1f} MiB verified in {total:.3f} s;"
+              f" first layer after {st.first_layer_at - st.started_at:.3f} s; "
+              f"{st.rejected} rejected, {st.retries} retries; the last "
+              f"{len(tokens) - n_rows} tokens are computed locally", flush=True)
     return 0
 
 

@@ -59,51 +59,49 @@ async def main(args: argparse.Namespace) -> int:
     """Restore, generate, compare; prints the result line."""
     model, tokenizer, desc = hf_model.load()
     ids = hf_model.chat_ids(tokenizer, args.system_prompt_file.read_text(), args.question)
-    ep = await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
-                                settings=QuicSettings.loopback())
-    # a loopback relay answers a namespace probe within milliseconds; each prefix longer
-    # than the published one costs one probe of this timeout
-    consumer = KvConsumer(ep, ScopeKey.from_bytes(hf_model.SCOPE_KEY), desc, ids,
-                          discovery_timeout=0.05)
-    restore = CacheRestore(model, consumer, ids)
-    t0 = time.perf_counter()
-    reused = await restore.find()
-    if not reused or restore.times.found is None:
-        print("no published prefix found", flush=True)
-        return 1
-    try:
-        cache = await restore.fill()
-    except RecomputeRequired as exc:
-        print(f"the published cache could not be retrieved: {exc}", flush=True)
-        return 1
-    restore_s = time.perf_counter() - t0
-    discover_s = restore.times.found - t0
-    reused_tokens = await asyncio.to_thread(generate, model, ids, cache, args.max_new_tokens)
+    async with await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
+                                      settings=QuicSettings.loopback()) as ep:
+        # a loopback relay answers a namespace probe within milliseconds; each prefix longer
+        # than the published one costs one probe of this timeout
+        consumer = KvConsumer(ep, ScopeKey.from_bytes(hf_model.SCOPE_KEY), desc, ids,
+                              discovery_timeout=0.05)
+        restore = CacheRestore(model, consumer, ids)
+        t0 = time.perf_counter()
+        reused = await restore.find()
+        if not reused or restore.times.found is None:
+            print("no published prefix found", flush=True)
+            return 1
+        try:
+            cache = await restore.fill()
+        except RecomputeRequired as exc:
+            print(f"the published cache could not be retrieved: {exc}", flush=True)
+            return 1
+        restore_s = time.perf_counter() - t0
+        discover_s = restore.times.found - t0
+        reused_tokens = await asyncio.to_thread(generate, model, ids, cache, args.max_new_tokens)
 
-    t0 = time.perf_counter()
-    local = await asyncio.to_thread(own_prefill, model, ids[:reused])
-    prefill_s = time.perf_counter() - t0
-    local_tokens = await asyncio.to_thread(generate, model, ids, local, args.max_new_tokens)
+        t0 = time.perf_counter()
+        local = await asyncio.to_thread(own_prefill, model, ids[:reused])
+        prefill_s = time.perf_counter() - t0
+        local_tokens = await asyncio.to_thread(generate, model, ids, local, args.max_new_tokens)
 
-    text_reused = tokenizer.decode(reused_tokens, skip_special_tokens=True)
-    text_local = tokenizer.decode(local_tokens, skip_special_tokens=True)
-    result = {
-        "question": args.question, "text_reused": text_reused, "text_local": text_local,
-        "identical": reused_tokens == local_tokens, "reused_tokens": reused,
-        "prompt_tokens": len(ids), "restore_s": round(restore_s, 3),
-        "discover_s": round(discover_s, 3), "prefill_s": round(prefill_s, 3),
-        "speedup": round(prefill_s / restore_s, 1),
-    }
-    print(f"question: {args.question}", flush=True)
-    print(f"answer:   {text_reused.strip()}", flush=True)
-    print(f"reused {reused} of {len(ids)} prompt tokens: restored in {restore_s:.2f} s "
-          f"(discovery {discover_s:.2f} s) vs {prefill_s:.2f} s for its own prefill of the "
-          f"same prefix ({result['speedup']}x)", flush=True)
-    print(f"identical to the text generated after its own prefill: {result['identical']}",
-          flush=True)
-    print("RESULT " + json.dumps(result), flush=True)
-    ep.close()
-    await ep.wait_closed()
+        text_reused = tokenizer.decode(reused_tokens, skip_special_tokens=True)
+        text_local = tokenizer.decode(local_tokens, skip_special_tokens=True)
+        result = {
+            "question": args.question, "text_reused": text_reused, "text_local": text_local,
+            "identical": reused_tokens == local_tokens, "reused_tokens": reused,
+            "prompt_tokens": len(ids), "restore_s": round(restore_s, 3),
+            "discover_s": round(discover_s, 3), "prefill_s": round(prefill_s, 3),
+            "speedup": round(prefill_s / restore_s, 1),
+        }
+        print(f"question: {args.question}", flush=True)
+        print(f"answer:   {text_reused.strip()}", flush=True)
+        print(f"reused {reused} of {len(ids)} prompt tokens: restored in {restore_s:.2f} s "
+              f"(discovery {discover_s:.2f} s) vs {prefill_s:.2f} s for its own prefill of the "
+              f"same prefix ({result['speedup']}x)", flush=True)
+        print(f"identical to the text generated after its own prefill: {result['identical']}",
+              flush=True)
+        print("RESULT " + json.dumps(result), flush=True)
     return 0 if result["identical"] else 2
 
 

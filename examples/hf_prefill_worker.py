@@ -38,23 +38,21 @@ async def main(args: argparse.Namespace) -> int:
     ids = hf_model.chat_ids(tokenizer, args.system_prompt_file.read_text())
     # the session pings the relay while it waits (QuicSettings.keep_alive_s): a prefill
     # longer than the idle timeout, or a wait for decode workers, keeps the publication
-    ep = await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
-                                settings=QuicSettings.loopback())
-    prefill = LayerwisePrefill(model, ep, ScopeKey.from_bytes(hf_model.SCOPE_KEY), desc, ids,
-                               options=PublisherOptions(retention_s=600))
-    await prefill.start()
-    result = await prefill.run()
-    blocks = prefill.publisher.blocks()
-    size = (2 * desc.layers * blocks * desc.block_tokens * desc.kv_heads * desc.head_dim
-            * desc.dtype.itemsize)
-    first = result.layer_published[(0, 0)] - result.forward_started
-    print(f"published the system prompt: {len(ids)} tokens, {blocks} blocks x {desc.layers} "
-          f"layers ({size / 2**20:.1f} MiB); forward pass {result.forward_s:.2f} s, layer 0 "
-          f"published after {first:.2f} s", flush=True)
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    ep.close()
-    await ep.wait_closed()
+    async with await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
+                                      settings=QuicSettings.loopback()) as ep:
+        prefill = LayerwisePrefill(model, ep, ScopeKey.from_bytes(hf_model.SCOPE_KEY), desc, ids,
+                                   options=PublisherOptions(retention_s=600))
+        await prefill.start()
+        result = await prefill.run()
+        blocks = prefill.publisher.blocks()
+        size = (2 * desc.layers * blocks * desc.block_tokens * desc.kv_heads * desc.head_dim
+                * desc.dtype.itemsize)
+        first = result.layer_published[(0, 0)] - result.forward_started
+        print(f"published the system prompt: {len(ids)} tokens, {blocks} blocks x {desc.layers} "
+              f"layers ({size / 2**20:.1f} MiB); forward pass {result.forward_s:.2f} s, layer 0 "
+              f"published after {first:.2f} s", flush=True)
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     return 0
 
 

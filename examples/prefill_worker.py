@@ -41,27 +41,25 @@ async def main(args: argparse.Namespace) -> int:
     """Publish the demo cache; returns the exit status."""
     desc = demo_model.descriptor(layers=args.layers)
     tokens = demo_model.prompt(args.tokens, args.seed)
-    ep = await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
-                                settings=QuicSettings.loopback())
-    pub = KvPublisher(ep, demo_model.scope(), desc, tokens, PublisherOptions(retention_s=600))
-    await pub.start()
-    print(f"prefill: publication {pub.publication_id.hex()[:12]} "
-          f"({pub.blocks()} blocks x {desc.layers} layers)", flush=True)
-    t0 = time.perf_counter()
-    for layer in range(desc.layers):
-        k, v = demo_model.layer_kv(desc, layer, len(tokens), args.seed)
-        await asyncio.sleep(args.pace_ms / 1000)  # the forward pass of this layer
-        await pub.put_layer(layer, k, v)
-        print(f"prefill: layer {layer} published at {time.perf_counter() - t0:.3f} s",
-              flush=True)
-    await pub.finish()
-    print(f"prefill: complete in {time.perf_counter() - t0:.3f} s", flush=True)
-    if args.linger is not None:
-        await asyncio.sleep(args.linger)
-    else:  # serve until the orchestrator closes our stdin
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    ep.close()
-    await ep.wait_closed()
+    async with await Endpoint.connect(args.relay, pin_sha256=args.pin, cafile=args.cafile,
+                                      settings=QuicSettings.loopback()) as ep:
+        pub = KvPublisher(ep, demo_model.scope(), desc, tokens, PublisherOptions(retention_s=600))
+        await pub.start()
+        print(f"prefill: publication {pub.publication_id.hex()[:12]} "
+              f"({pub.blocks()} blocks x {desc.layers} layers)", flush=True)
+        t0 = time.perf_counter()
+        for layer in range(desc.layers):
+            k, v = demo_model.layer_kv(desc, layer, len(tokens), args.seed)
+            await asyncio.sleep(args.pace_ms / 1000)  # the forward pass of this layer
+            await pub.put_layer(layer, k, v)
+            print(f"prefill: layer {layer} published at {time.perf_counter() - t0:.3f} s",
+                  flush=True)
+        await pub.finish()
+        print(f"prefill: complete in {time.perf_counter() - t0:.3f} s", flush=True)
+        if args.linger is not None:
+            await asyncio.sleep(args.linger)
+        else:  # serve until the orchestrator closes our stdin
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     return 0
 
 

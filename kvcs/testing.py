@@ -13,12 +13,16 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .endpoint import Endpoint
 from .moqt.wire import AuthToken
 from .relay import Authorizer, Relay, RelayConfig
 from .transport import DevCertificate, QuicSettings, ensure_dev_certificate
+
+if TYPE_CHECKING:
+    from .kv.store import BlockStore
+    from .kvnet.kvsp_http import KvspServer
 
 E = TypeVar("E", bound=Endpoint)
 
@@ -34,7 +38,8 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 class LocalNet:
-    """Relays and endpoints on loopback; :meth:`aclose` (or ``async with``) ends them."""
+    """Relays, endpoints and KVSP servers on loopback; :meth:`aclose` (or ``async with``)
+    ends them."""
 
     def __init__(self, cert: str | Path | DevCertificate,
                  settings: QuicSettings | None = None) -> None:
@@ -43,6 +48,7 @@ class LocalNet:
         self.settings = settings or QuicSettings.loopback()
         self.relays: list[Relay] = []
         self.endpoints: list[Endpoint] = []
+        self.kvsp_servers: list[KvspServer] = []
 
     async def __aenter__(self) -> LocalNet:
         return self
@@ -81,13 +87,34 @@ class LocalNet:
         self.endpoints.append(ep)
         return ep
 
-    async def aclose(self) -> None:
-        """Close every endpoint, then every relay (downstream first)."""
+    async def kvsp_server(self, store: BlockStore, authorizer: Authorizer | None = None,
+                          **options: Any) -> KvspServer:
+        """Start a KVSP HTTP server for ``store`` with this net's certificate (anonymous
+        unless ``authorizer``; ``options``: KvspServer keywords); :meth:`aclose` stops it."""
+        from .kvnet.kvsp_http import KvspServer  # aiohttp: only for the tests that use it
+
+        server = KvspServer(store, authorizer=authorizer or Authorizer(anonymous=True),
+                            certfile=str(self.cert.certfile), keyfile=str(self.cert.keyfile),
+                            **options)
+        await server.start()
+        self.kvsp_servers.append(server)
+        return server
+
+    async def close_endpoints(self) -> None:
+        """Close every endpoint and wait (2 s at most each) until it is closed."""
         for ep in self.endpoints:
             ep.close()
         for ep in self.endpoints:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ep.wait_closed(), 2)
+
+    async def aclose(self) -> None:
+        """Close every endpoint, then every KVSP server, then every relay (downstream
+        first)."""
+        await self.close_endpoints()
+        for server in self.kvsp_servers:
+            with contextlib.suppress(Exception):
+                await server.aclose()
         for relay in reversed(self.relays):
             with contextlib.suppress(Exception):
                 await relay.stop(grace=0)

@@ -262,47 +262,14 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
     await ep.wait_closed()
 
 
-class _CountingSink:
-    """Sans-IO session of the raw runs: counts stream bytes; ``done`` once ``total``
-    bytes arrived (on any number of streams)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.received = 0
-        self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self.out: list[Any] = []
-
-    def stream_data(self, stream_id: int, data: bytes, end: bool) -> None:
-        self.received += len(data)
-        if self.received >= self.total and not self.done.done():
-            self.done.set_result(time.perf_counter())
-
-    def stream_reset(self, stream_id: int, code: int) -> None:
-        pass
-
-    def stop_sending(self, stream_id: int, code: int) -> None:
-        pass
-
-    def datagram(self, data: bytes) -> None:
-        pass
-
-    def connection_lost(self, code: int | None, reason: str) -> None:
-        if not self.done.done():
-            self.done.set_exception(ConnectionError(f"lost: {code} {reason}"))
-            self.done.exception()
-
-    def actions(self) -> list[Any]:
-        out, self.out = self.out, []
-        return out
-
-
 async def _role_raw_receiver(ctl: _Control, cfg: dict[str, Any]) -> None:
+    from bench.bench_transport import CountingSink
     from kvcs.transport import serve
 
-    sinks: list[_CountingSink] = []
+    sinks: list[CountingSink] = []
 
-    def factory(opener: Any, info: Any) -> _CountingSink:
-        sinks.append(_CountingSink(cfg["bytes"]))
+    def factory(opener: Any, info: Any) -> CountingSink:
+        sinks.append(CountingSink(cfg["bytes"]))
         return sinks[-1]
 
     settings = _settings(cfg["dgram"], cfg.get("quic"))
@@ -320,16 +287,17 @@ async def _role_raw_receiver(ctl: _Control, cfg: dict[str, Any]) -> None:
 async def _role_raw_sender(ctl: _Control, cfg: dict[str, Any]) -> None:
     """Send ``bytes`` in 1 MiB writes with back-pressure (as bench_transport) on one uni
     stream, or on a new stream every ``stream_mib`` MiB (KVCS opens one per layer)."""
+    from bench.bench_transport import CountingSink
     from kvcs.moqt.actions import SendStreamData
     from kvcs.transport import connect
 
     settings = _settings(cfg["dgram"], cfg.get("quic"))
-    async with connect(cfg["url"], lambda o, i: _CountingSink(0), settings,
+    async with connect(cfg["url"], lambda o, i: CountingSink(0), settings,
                        pin_sha256=cfg["pin"]) as quic:
         ctl.say(ready=True)
         await ctl.expect("go")
         sink = quic.session
-        assert isinstance(sink, _CountingSink)
+        assert isinstance(sink, CountingSink)
         chunk = memoryview(bytes(MiB))
         per_stream = cfg.get("stream_mib") or 1 << 30
         start = time.perf_counter()

@@ -48,20 +48,16 @@ PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 
 
-def _alg_for_private(key: Any) -> str:
-    if isinstance(key, ed25519.Ed25519PrivateKey):
+def _alg_for(key: Any, *, public: bool) -> str:
+    """The COSE algorithm of a producer key (a public one if ``public``, else private)."""
+    ed, ecc = ((ed25519.Ed25519PublicKey, ec.EllipticCurvePublicKey) if public
+               else (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey))
+    if isinstance(key, ed):
         return "EdDSA"
-    if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve, ec.SECP256R1):
+    if isinstance(key, ecc) and isinstance(key.curve, ec.SECP256R1):
         return "ES256"
-    raise ValueError("producer keys are Ed25519 (EdDSA) or P-256 (ES256)")
-
-
-def _alg_for_public(key: Any) -> str:
-    if isinstance(key, ed25519.Ed25519PublicKey):
-        return "EdDSA"
-    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
-        return "ES256"
-    raise ValueError("producer public keys are Ed25519 (EdDSA) or P-256 (ES256)")
+    which = "public keys" if public else "keys"
+    raise ValueError(f"producer {which} are Ed25519 (EdDSA) or P-256 (ES256)")
 
 
 def _check_kid(kid: Any) -> bytes:
@@ -84,12 +80,12 @@ class ProducerKey:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kid", _check_kid(self.kid))
-        _alg_for_private(self.private_key)
+        _alg_for(self.private_key, public=False)
 
     @property
     def alg(self) -> str:
         """COSE algorithm name."""
-        return _alg_for_private(self.private_key)
+        return _alg_for(self.private_key, public=False)
 
     @classmethod
     def generate(cls, kid: bytes | str, alg: str = "EdDSA") -> ProducerKey:
@@ -201,7 +197,7 @@ def _load_public(data: bytes | str | PublicKey) -> PublicKey:
         key = serialization.load_pem_public_key(raw)
     except (ValueError, UnsupportedAlgorithm) as exc:
         raise ValueError(f"not a PEM public key: {exc}") from None
-    _alg_for_public(key)
+    _alg_for(key, public=True)
     return key  # type: ignore[return-value]
 
 
@@ -217,7 +213,7 @@ class Keyring:
         """Trust ``public_key`` (object or PEM) for ``kid``; ``alg`` must match the key type."""
         kid_b = _check_kid(kid)
         pub = _load_public(public_key)
-        key_alg = _alg_for_public(pub)
+        key_alg = _alg_for(pub, public=True)
         if alg is not None and alg != key_alg:
             raise ValueError(f"key for kid {kid_b!r} is {key_alg}, not {alg}")
         self._keys[kid_b] = _TrustedKey(key_alg, pub, _cose_public(pub, key_alg))

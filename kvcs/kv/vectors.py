@@ -17,19 +17,11 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from . import ids
 from .codecs import encode_section, layer_digest, raw_section
 from .component import Component
 from .container import build_container
 from .cose import ProducerKey, sign_manifest
-from .ids import (
-    CompatDescriptor,
-    KvcsNamespace,
-    ScopeKey,
-    anchor_key,
-    block_keys,
-    block_keys_sha256,
-    scope_id,
-)
 from .manifest import Manifest, Segment
 from .payload import build_payload
 from .tracks import TrackName
@@ -94,7 +86,8 @@ def encode_namespace(fields: Sequence[bytes]) -> bytes:
     return b"".join(out)
 
 
-def element_block(desc: CompatDescriptor, layer: int, block: int, *, v: bool = False) -> np.ndarray:
+def element_block(desc: ids.CompatDescriptor, layer: int, block: int, *,
+                  v: bool = False) -> np.ndarray:
     """Section 9 tensor of one block and layer: ((l*131 + t*31 + h*7 + d) % 251) - 125, V negated.
 
     ``t`` is the absolute token position.
@@ -115,13 +108,13 @@ def _sha(data: Any) -> str:
 
 def generate() -> dict[str, Any]:
     """Compute every vector from the fixed inputs."""
-    desc = CompatDescriptor.from_dict(FIXED_DESCRIPTOR)
+    desc = ids.CompatDescriptor.from_dict(FIXED_DESCRIPTOR)
     cid = desc.compat_id
-    skey = ScopeKey.from_bytes(FIXED_SCOPE_KEY)
-    sid = scope_id(skey)
-    keys = block_keys(skey, cid, list(FIXED_TOKENS), desc.block_tokens)
-    anchor = anchor_key(keys, len(keys))
-    ns = KvcsNamespace(sid, cid, anchor, FIXED_PUBLICATION_ID)
+    skey = ids.ScopeKey.from_bytes(FIXED_SCOPE_KEY)
+    sid = ids.scope_id(skey)
+    keys = ids.block_keys(skey, cid, list(FIXED_TOKENS), desc.block_tokens)
+    anchor = ids.anchor_key(keys, len(keys))
+    ns = ids.KvcsNamespace(sid, cid, anchor, FIXED_PUBLICATION_ID)
 
     objects: list[dict[str, Any]] = []
     tracks = {kind: TrackName.data(kind, "raw", 0).format() for kind in (Component.K, Component.V)}
@@ -156,7 +149,7 @@ def generate() -> dict[str, Any]:
         segment=0,
         first_block=0,
         blocks=len(keys),
-        block_keys_sha256=block_keys_sha256(keys).hex(),
+        block_keys_sha256=ids.block_keys_sha256(keys).hex(),
         tracks=list(tracks.values()),
         complete=True,
         object_digests=digests,
@@ -194,7 +187,7 @@ def generate() -> dict[str, Any]:
         "scope_id": sid.hex(),
         "block_keys": [k.hex() for k in keys],
         "anchor_key": anchor.hex(),
-        "block_keys_sha256": block_keys_sha256(keys).hex(),
+        "block_keys_sha256": ids.block_keys_sha256(keys).hex(),
         "namespace_fields": [f.hex() for f in ns.to_fields()],
         "namespace": encode_namespace(ns.to_fields()).hex(),
         "namespace_hex_fields": encode_namespace(ns.to_fields(hex_fields=True)).hex(),

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from . import events as ev
+from . import wire
 from .actions import ResetStream, SendStreamData, SetStreamPriority, StopSending, StreamOpener
 from .config import (
     MAX_SKIPPED_REQUEST_IDS,
@@ -46,49 +47,14 @@ from .requests import (
     message_footprint,
     namespace_footprint,
 )
-from .wire import (
-    MAX_VI64,
-    ByteBudget,
-    ControlStreamParser,
-    Fetch,
-    FetchOk,
-    GoAway,
-    GroupOrder,
-    Location,
-    Message,
-    NamespaceDone,
-    NamespaceMsg,
-    Parameters,
-    Properties,
-    Publish,
-    PublishDone,
-    PublishNamespace,
-    PublishSkipped,
-    PublishStateNotify,
-    Redirect,
-    RequestError,
-    RequestOk,
-    RequestUpdate,
-    Setup,
-    SetupOptions,
-    Subscribe,
-    SubscribeNamespace,
-    SubscribeOk,
-    SubscribeTracks,
-    TrackNamespace,
-    TrackStatus,
-    encode_message,
-    validate_full_name,
-    validate_namespace,
-)
 
 log = logging.getLogger(__name__)
 
-SETUP_TYPE = Setup.TYPE
+SETUP_TYPE = wire.Setup.TYPE
 """0x2F00: both the control stream's type and its first message's type."""
 CONTROL_PRIORITY = (0,)
 """Scheduling key of the control and request streams: ahead of every data stream."""
-UNKNOWN_STREAM_COUNT = MAX_VI64
+UNKNOWN_STREAM_COUNT = wire.MAX_VI64
 """PUBLISH_DONE's Stream Count when the publisher does not know it (digest 4.11)."""
 _NAMESPACE_REQUESTS = frozenset({
     RequestKind.PUBLISH_NAMESPACE, RequestKind.SUBSCRIBE_NAMESPACE,
@@ -108,26 +74,27 @@ class ControlPlane:
         self._requests = requests
         self._data = data
         self._on_setup = on_setup
-        self.peer_setup: SetupOptions | None = None
+        self.peer_setup: wire.SetupOptions | None = None
         self.peer_control_stream: int | None = None
-        self._peer_control_parser = ControlStreamParser()
+        self._peer_control_parser = wire.ControlStreamParser()
         self._goaway_received = False
         self._goaway_sent = False
         self._next_request_id = 0 if config.is_client else 1
         self._peer_parity = 1 if config.is_client else 0
         self._peer_next_request_id = self._peer_parity
         self._peer_skipped_ids: set[int] = set()  # below the next one, not seen yet
-        self._opening: dict[int, ControlStreamParser] = {}  # peer streams, first message partial
+        # peer streams whose first message is partial
+        self._opening: dict[int, wire.ControlStreamParser] = {}
         self._draining: set[int] = set()
         """Peer request streams we are done with (refused, or our final message sent)
         whose peer half is still open: what arrives on them is dropped until it ends."""
-        self.budget = ByteBudget(config.max_control_bytes)
+        self.budget = wire.ByteBudget(config.max_control_bytes)
         """Control state the peer makes us keep (``max_control_bytes``): the messages of
         its requests, unfinished control messages, pending REQUEST_UPDATEs, namespaces."""
         self._next_alias = 0
         self.control_stream = opener.open_stream(True)
         out.emit(SetStreamPriority(self.control_stream, CONTROL_PRIORITY))
-        opts = SetupOptions(
+        opts = wire.SetupOptions(
             implementation=config.implementation,
             max_filter_ranges=config.max_filter_ranges,
             max_request_updates=config.max_request_updates,
@@ -136,7 +103,7 @@ class ControlPlane:
         if config.is_client and not config.webtransport:
             opts.path = config.path
             opts.authority = config.authority
-        out.emit(SendStreamData(self.control_stream, encode_message(Setup(opts))))
+        out.emit(SendStreamData(self.control_stream, wire.encode_message(wire.Setup(opts))))
 
     @property
     def draining_streams(self) -> int:
@@ -170,21 +137,21 @@ class ControlPlane:
     def control_data(self, data: bytes | bytearray | memoryview, end: bool) -> None:
         """Bytes on the peer's control stream: SETUP first, then only GOAWAY."""
         for msg in self._peer_control_parser.feed(data):
-            if isinstance(msg, Setup):
+            if isinstance(msg, wire.Setup):
                 if self.peer_setup is not None:
                     raise violation("second SETUP")
                 self._accept_setup(msg.options)
                 self._on_setup()
             elif self.peer_setup is None:
                 raise violation("first message on the control stream is not SETUP")
-            elif isinstance(msg, GoAway):
+            elif isinstance(msg, wire.GoAway):
                 self._on_goaway(msg, None)
             else:
                 raise violation(f"{type(msg).__name__} on the control stream")
         if end:
             raise violation("control stream closed")
 
-    def _accept_setup(self, opts: SetupOptions) -> None:
+    def _accept_setup(self, opts: wire.SetupOptions) -> None:
         cfg = self._config
         if cfg.is_client and opts.path is not None:
             raise ProtocolError(SessionCode.INVALID_PATH, "PATH option from a server")
@@ -206,7 +173,7 @@ class ControlPlane:
         self.peer_setup = opts
         self._out.event(ev.SessionEstablished(opts))
 
-    def _on_goaway(self, msg: GoAway, req: Request | None) -> None:
+    def _on_goaway(self, msg: wire.GoAway, req: Request | None) -> None:
         if msg.new_session_uri and not self._config.is_client:
             raise violation("GOAWAY with a URI from a client")
         if req is None:
@@ -227,8 +194,8 @@ class ControlPlane:
         if new_session_uri and self._config.is_client:
             raise SessionUsageError("a client GOAWAY carries no URI")
         self._goaway_sent = True
-        self._out.emit(SendStreamData(self.control_stream,
-                                      encode_message(GoAway(new_session_uri, timeout_ms))))
+        goaway = wire.GoAway(new_session_uri, timeout_ms)
+        self._out.emit(SendStreamData(self.control_stream, wire.encode_message(goaway)))
 
     # ------------------------------------------------------------------ request streams in
 
@@ -245,7 +212,7 @@ class ControlPlane:
             return  # a request of ours we already forgot
         else:
             # a new request stream: wait until its first message is complete
-            parser = self._opening.pop(stream_id, None) or ControlStreamParser()
+            parser = self._opening.pop(stream_id, None) or wire.ControlStreamParser()
             msgs = self._feed(parser, data)
             if not msgs:
                 if end:
@@ -275,7 +242,8 @@ class ControlPlane:
                 raise violation("request stream ended inside a message")
             self._on_peer_fin(req)
 
-    def _feed(self, parser: ControlStreamParser, data: bytes | memoryview) -> list[Message]:
+    def _feed(self, parser: wire.ControlStreamParser,
+              data: bytes | memoryview) -> list[wire.Message]:
         """Feed a request stream's parser; what it keeps of an unfinished message is
         charged to the control budget."""
         before = parser.buffered
@@ -283,15 +251,15 @@ class ControlPlane:
         self.budget.force(parser.buffered - before)
         return msgs
 
-    def _refuse(self, stream_id: int, parser: ControlStreamParser, reason: str) -> None:
+    def _refuse(self, stream_id: int, parser: wire.ControlStreamParser, reason: str) -> None:
         """Refuse a peer request stream over our limits: REQUEST_ERROR EXCESSIVE_LOAD
         (retry after :data:`~kvcs.moqt.config.RETRY_AFTER_MS`) and FIN; what else arrives
         on it is dropped. Nothing is kept but the stream ID, until the peer ends it."""
         log.info("refusing request stream %d: %s", stream_id, reason)
         self.budget.give(parser.buffered)
         self._draining.add(stream_id)
-        msg = RequestError(RequestErrorCode.EXCESSIVE_LOAD, RETRY_AFTER_MS + 1, reason)
-        self._out.emit(SendStreamData(stream_id, encode_message(msg), end=True))
+        msg = wire.RequestError(RequestErrorCode.EXCESSIVE_LOAD, RETRY_AFTER_MS + 1, reason)
+        self._out.emit(SendStreamData(stream_id, wire.encode_message(msg), end=True))
 
     def _shed(self, req: Request) -> None:
         """The peer's control state went over ``max_control_bytes`` on ``req``'s stream:
@@ -328,17 +296,17 @@ class ControlPlane:
         else:
             raise ProtocolError(SessionCode.INVALID_REQUEST_ID, f"request ID {rid} reused")
 
-    def _new_peer_request(self, stream_id: int, msg: Message,
-                          parser: ControlStreamParser) -> Request | None:
+    def _new_peer_request(self, stream_id: int, msg: wire.Message,
+                          parser: wire.ControlStreamParser) -> Request | None:
         """The peer's request-starting message: a new request, or None if refused over
         ``max_requests`` or ``max_control_bytes`` (REQUEST_ERROR EXCESSIVE_LOAD)."""
         if not isinstance(msg, RequestMessage):
             raise violation(f"{type(msg).__name__} cannot start a request")
         self._check_peer_request_id(msg.request_id)
-        if isinstance(msg, Subscribe | Fetch | TrackStatus | Publish):
-            validate_full_name(msg.namespace, msg.name)
-        elif isinstance(msg, PublishNamespace):
-            validate_namespace(msg.namespace_prefix)
+        if isinstance(msg, wire.Subscribe | wire.Fetch | wire.TrackStatus | wire.Publish):
+            wire.validate_full_name(msg.namespace, msg.name)
+        elif isinstance(msg, wire.PublishNamespace):
+            wire.validate_namespace(msg.namespace_prefix)
         if self._requests.peer_requests >= self._config.max_requests:
             self._refuse(stream_id, parser, f"{self._config.max_requests} requests open")
             return None
@@ -348,7 +316,7 @@ class ControlPlane:
             return None
         req = self._request(msg, stream_id, Side.RESPONDER, parser)
         req.charged = cost
-        if isinstance(msg, Publish):
+        if isinstance(msg, wire.Publish):
             req.track_alias = msg.track_alias
             self._check_alias(msg.track_alias, req)
             self._data.bind_alias(msg.track_alias, req)
@@ -358,13 +326,13 @@ class ControlPlane:
 
     @staticmethod
     def _request(msg: RequestMessage, stream_id: int, side: Side,
-                 parser: ControlStreamParser | None = None) -> Request:
+                 parser: wire.ControlStreamParser | None = None) -> Request:
         req = Request(msg.request_id, stream_id, RequestKind(msg.TYPE), side, msg,
-                      parser or ControlStreamParser())
+                      parser or wire.ControlStreamParser())
         p = msg.params
         if p.subscriber_priority is not None:
             req.subscriber_priority = p.subscriber_priority
-        req.descending = p.group_order == GroupOrder.DESCENDING
+        req.descending = p.group_order == wire.GroupOrder.DESCENDING
         return req
 
     def _check_alias(self, alias: int, req: Request) -> None:
@@ -376,45 +344,45 @@ class ControlPlane:
         if other.full_track_name != req.full_track_name:
             raise ProtocolError(SessionCode.DUPLICATE_TRACK_ALIAS, f"track alias {alias} in use")
 
-    def _on_message(self, req: Request, msg: Message) -> None:
+    def _on_message(self, req: Request, msg: wire.Message) -> None:
         """A message from the peer on a request stream, after the first one."""
         before = req.received(msg)  # the table: PROTOCOL_VIOLATION if not allowed
         rid = req.request_id
         match msg:
-            case GoAway():
+            case wire.GoAway():
                 self._on_goaway(msg, req)
-            case RequestUpdate():
+            case wire.RequestUpdate():
                 self._on_update(req, msg)
-            case RequestOk() if before is RequestState.UNANSWERED:
+            case wire.RequestOk() if before is RequestState.UNANSWERED:
                 if req.kind is not RequestKind.TRACK_STATUS and msg.track_properties:
                     raise violation("REQUEST_OK with Track Properties")
                 self._out.event(ev.RequestAccepted(rid, msg))
-            case RequestError() if before is RequestState.UNANSWERED:
+            case wire.RequestError() if before is RequestState.UNANSWERED:
                 self._out.event(ev.RequestRejected(rid, msg))
                 self._data.abandon_held()
-            case RequestOk() | RequestError():
+            case wire.RequestOk() | wire.RequestError():
                 self._on_update_answer(req, msg)
-            case SubscribeOk():
+            case wire.SubscribeOk():
                 self._on_subscribe_ok(req, msg)
-            case FetchOk():
+            case wire.FetchOk():
                 self._out.event(ev.FetchAccepted(rid, msg))
                 if req.streams_ended:  # the fetch stream overtook FETCH_OK: complete
                     self._forget(req)
-            case PublishDone():
+            case wire.PublishDone():
                 req.publish_done = msg
                 self._subscription_may_end(req)
-            case PublishStateNotify():
+            case wire.PublishStateNotify():
                 self._out.event(ev.PublishStateNotified(rid, msg))
-            case NamespaceMsg():
+            case wire.NamespaceMsg():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
-                validate_namespace(ns)
+                wire.validate_namespace(ns)
                 if ns not in req.namespaces:
                     req.namespaces.add(ns)
                     cost = namespace_footprint(ns)
                     req.charged += cost
                     self.budget.force(cost)
                 self._out.event(ev.NamespaceAnnounced(rid, ns))
-            case NamespaceDone():
+            case wire.NamespaceDone():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
                 if ns not in req.namespaces:
                     raise violation("NAMESPACE_DONE before its NAMESPACE")
@@ -423,11 +391,11 @@ class ControlPlane:
                 req.charged -= cost
                 self.budget.give(cost)
                 self._out.event(ev.NamespaceWithdrawn(rid, ns))
-            case PublishSkipped():
+            case wire.PublishSkipped():
                 ns = tuple(req.namespace) + tuple(msg.suffix)
                 self._out.event(ev.PublishSkippedReceived(rid, ns, bytes(msg.name)))
 
-    def _on_update(self, req: Request, msg: RequestUpdate) -> None:
+    def _on_update(self, req: Request, msg: wire.RequestUpdate) -> None:
         self._check_peer_request_id(msg.request_id)
         if req.send_closed or req.our_state is RequestState.DONE:
             return  # it crossed our end of the request: nobody will answer it
@@ -441,18 +409,18 @@ class ControlPlane:
             req.subscriber_priority = msg.params.subscriber_priority
         self._out.event(ev.UpdateReceived(req.request_id, msg.request_id, msg.params))
 
-    def _on_update_answer(self, req: Request, msg: RequestOk | RequestError) -> None:
+    def _on_update_answer(self, req: Request, msg: wire.RequestOk | wire.RequestError) -> None:
         try:
             uid = self._requests.answer_update(req)
         except LookupError:
             raise violation(f"{type(msg).__name__} without an outstanding "
                             "REQUEST_UPDATE") from None
-        if isinstance(msg, RequestOk):
+        if isinstance(msg, wire.RequestOk):
             self._out.event(ev.RequestAccepted(req.request_id, msg, uid))
         else:
             self._out.event(ev.RequestRejected(req.request_id, msg, uid))
 
-    def _on_subscribe_ok(self, req: Request, msg: SubscribeOk) -> None:
+    def _on_subscribe_ok(self, req: Request, msg: wire.SubscribeOk) -> None:
         self._check_alias(msg.track_alias, req)
         req.track_alias = msg.track_alias
         self._out.event(ev.SubscribeAccepted(req.request_id, msg))
@@ -645,7 +613,7 @@ class ControlPlane:
         req = self._request(msg, stream_id, Side.REQUESTER)
         self._requests.add(req)
         self._out.emit(SetStreamPriority(req.stream_id, CONTROL_PRIORITY))
-        self._out.emit(SendStreamData(req.stream_id, encode_message(msg)))
+        self._out.emit(SendStreamData(req.stream_id, wire.encode_message(msg)))
         return req
 
     def _alloc_alias(self) -> int:
@@ -653,53 +621,55 @@ class ControlPlane:
         self._next_alias += 1
         return alias
 
-    def subscribe(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
+    def subscribe(self, namespace: wire.TrackNamespace, name: bytes,
+                  params: wire.Parameters) -> int:
         """Send SUBSCRIBE; returns its Request ID."""
         ns = tuple(namespace)
-        return self._start_request(lambda rid: Subscribe(rid, ns, name, params)).request_id
+        return self._start_request(lambda rid: wire.Subscribe(rid, ns, name, params)).request_id
 
-    def fetch(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
+    def fetch(self, namespace: wire.TrackNamespace, name: bytes, params: wire.Parameters) -> int:
         """Send FETCH; returns its Request ID."""
         ns = tuple(namespace)
-        return self._start_request(lambda rid: Fetch(rid, ns, name, params)).request_id
+        return self._start_request(lambda rid: wire.Fetch(rid, ns, name, params)).request_id
 
-    def track_status(self, namespace: TrackNamespace, name: bytes, params: Parameters) -> int:
+    def track_status(self, namespace: wire.TrackNamespace, name: bytes,
+                     params: wire.Parameters) -> int:
         """Send TRACK_STATUS; returns its Request ID."""
         ns = tuple(namespace)
-        return self._start_request(lambda rid: TrackStatus(rid, ns, name, params)).request_id
+        return self._start_request(lambda rid: wire.TrackStatus(rid, ns, name, params)).request_id
 
-    def publish_namespace(self, namespace: TrackNamespace, params: Parameters) -> int:
+    def publish_namespace(self, namespace: wire.TrackNamespace, params: wire.Parameters) -> int:
         """Send PUBLISH_NAMESPACE; returns its Request ID."""
         ns = tuple(namespace)
-        return self._start_request(lambda rid: PublishNamespace(rid, ns, params)).request_id
+        return self._start_request(lambda rid: wire.PublishNamespace(rid, ns, params)).request_id
 
-    def subscribe_namespace(self, prefix: TrackNamespace, params: Parameters) -> int:
+    def subscribe_namespace(self, prefix: wire.TrackNamespace, params: wire.Parameters) -> int:
         """Send SUBSCRIBE_NAMESPACE; returns its Request ID."""
         ns = tuple(prefix)
-        return self._start_request(lambda rid: SubscribeNamespace(rid, ns, params)).request_id
+        return self._start_request(lambda rid: wire.SubscribeNamespace(rid, ns, params)).request_id
 
-    def subscribe_tracks(self, prefix: TrackNamespace, params: Parameters) -> int:
+    def subscribe_tracks(self, prefix: wire.TrackNamespace, params: wire.Parameters) -> int:
         """Send SUBSCRIBE_TRACKS; returns its Request ID."""
         ns = tuple(prefix)
-        return self._start_request(lambda rid: SubscribeTracks(rid, ns, params)).request_id
+        return self._start_request(lambda rid: wire.SubscribeTracks(rid, ns, params)).request_id
 
-    def publish(self, namespace: TrackNamespace, name: bytes, params: Parameters,
-                track_properties: Properties, track_alias: int | None) -> int:
+    def publish(self, namespace: wire.TrackNamespace, name: bytes, params: wire.Parameters,
+                track_properties: wire.Properties, track_alias: int | None) -> int:
         """Send PUBLISH (we publish); returns its Request ID."""
         alias = self._alloc_alias() if track_alias is None else track_alias
         ns, props = tuple(namespace), tuple(track_properties)
-        req = self._start_request(lambda rid: Publish(rid, ns, name, alias, params, props))
+        req = self._start_request(lambda rid: wire.Publish(rid, ns, name, alias, params, props))
         req.track_alias = alias
         return req.request_id
 
-    def request_update(self, request_id: int, params: Parameters) -> int:
+    def request_update(self, request_id: int, params: wire.Parameters) -> int:
         """Send REQUEST_UPDATE for a request we may update; returns the update's ID."""
         req = self._live(request_id)
         limit = self.peer_setup.max_request_updates if self.peer_setup else 0
         if limit and len(req.updates) >= limit:
             raise SessionUsageError("peer's MAX_REQUEST_UPDATES reached")
         uid = self._next_request_id
-        self._send(req, RequestUpdate(uid, params))
+        self._send(req, wire.RequestUpdate(uid, params))
         self._next_request_id += 2
         self._requests.add_update(uid, req)
         if params.subscriber_priority is not None:
@@ -741,17 +711,17 @@ class ControlPlane:
                                     "forgotten)")
         return req
 
-    def _send(self, req: Request, msg: Message, fin: bool = False) -> None:
+    def _send(self, req: Request, msg: wire.Message, fin: bool = False) -> None:
         """Send ``msg`` on the request's stream if the table allows it from our side now
         (SessionUsageError otherwise)."""
         req.sending(type(msg))
-        self._out.emit(SendStreamData(req.stream_id, encode_message(msg), end=fin))
+        self._out.emit(SendStreamData(req.stream_id, wire.encode_message(msg), end=fin))
         if fin:
             req.send_closed = True
             self._forget_if_closed(req)
 
     def _answering(self, request_id: int, update_id: int | None,
-                   message_type: type[Message]) -> Request | None:
+                   message_type: type[wire.Message]) -> Request | None:
         """The request an answer is for, once the table allows it (SessionUsageError
         otherwise); None once the session is closed (nothing more is sent). The request
         itself is answered while our side is UNANSWERED, an update (``update_id``, now
@@ -776,41 +746,41 @@ class ControlPlane:
             self.budget.give(UPDATE_COST)
         return req
 
-    def subscribe_ok(self, request_id: int, params: Parameters, track_properties: Properties,
-                     track_alias: int | None) -> int:
+    def subscribe_ok(self, request_id: int, params: wire.Parameters,
+                     track_properties: wire.Properties, track_alias: int | None) -> int:
         """Accept a SUBSCRIBE; returns the Track Alias chosen."""
         alias = self._alloc_alias() if track_alias is None else track_alias
-        req = self._answering(request_id, None, SubscribeOk)
+        req = self._answering(request_id, None, wire.SubscribeOk)
         if req is not None:
-            self._send(req, SubscribeOk(alias, params, tuple(track_properties)))
+            self._send(req, wire.SubscribeOk(alias, params, tuple(track_properties)))
             req.track_alias = alias
         return alias
 
-    def fetch_ok(self, request_id: int, end_location: Location, end_of_track: bool,
-                 track_properties: Properties) -> None:
+    def fetch_ok(self, request_id: int, end_location: wire.Location, end_of_track: bool,
+                 track_properties: wire.Properties) -> None:
         """Accept a FETCH."""
-        req = self._answering(request_id, None, FetchOk)
+        req = self._answering(request_id, None, wire.FetchOk)
         if req is not None:
-            self._send(req, FetchOk(end_of_track, Location(*end_location), Parameters(),
-                                    tuple(track_properties)))
+            self._send(req, wire.FetchOk(end_of_track, wire.Location(*end_location),
+                                         wire.Parameters(), tuple(track_properties)))
             self._fetch_may_finish(req)  # its fetch stream may have ended already
 
-    def request_ok(self, request_id: int, params: Parameters, track_properties: Properties,
-                   update_id: int | None) -> None:
+    def request_ok(self, request_id: int, params: wire.Parameters,
+                   track_properties: wire.Properties, update_id: int | None) -> None:
         """REQUEST_OK answering a request (TRACK_STATUS: then FIN) or one of its updates."""
-        req = self._answering(request_id, update_id, RequestOk)
+        req = self._answering(request_id, update_id, wire.RequestOk)
         if req is None:
             return
         final = update_id is None and req.kind is RequestKind.TRACK_STATUS
-        self._send(req, RequestOk(params, tuple(track_properties)), fin=final)
+        self._send(req, wire.RequestOk(params, tuple(track_properties)), fin=final)
 
     def request_error(self, request_id: int, code: int, reason: str, retry_interval: int,
-                      update_id: int | None, redirect: Redirect | None) -> None:
+                      update_id: int | None, redirect: wire.Redirect | None) -> None:
         """Reject a request (REQUEST_ERROR + FIN) or one of its updates."""
-        req = self._answering(request_id, update_id, RequestError)
+        req = self._answering(request_id, update_id, wire.RequestError)
         if req is None:
             return
-        msg = RequestError(int(code), retry_interval, reason, redirect)
+        msg = wire.RequestError(int(code), retry_interval, reason, redirect)
         if update_id is not None:
             self._send(req, msg)
             return
@@ -818,33 +788,33 @@ class ControlPlane:
         self._data.unbind_alias(req)  # a PUBLISH we refuse
         self._data.reset_streams(req, StreamResetCode.CANCELLED)
 
-    def _stream_message(self, request_id: int, msg: Message) -> None:
+    def _stream_message(self, request_id: int, msg: wire.Message) -> None:
         if self._out.closed is None:
             self._send(self._live(request_id), msg)
 
-    def namespace(self, request_id: int, namespace: TrackNamespace) -> None:
+    def namespace(self, request_id: int, namespace: wire.TrackNamespace) -> None:
         """Send NAMESPACE (suffix of ``namespace`` after the request's prefix)."""
-        self._stream_message(request_id, NamespaceMsg(self._suffix(request_id, namespace)))
+        self._stream_message(request_id, wire.NamespaceMsg(self._suffix(request_id, namespace)))
 
-    def namespace_done(self, request_id: int, namespace: TrackNamespace) -> None:
+    def namespace_done(self, request_id: int, namespace: wire.TrackNamespace) -> None:
         """Send NAMESPACE_DONE for a namespace announced earlier."""
-        self._stream_message(request_id, NamespaceDone(self._suffix(request_id, namespace)))
+        self._stream_message(request_id, wire.NamespaceDone(self._suffix(request_id, namespace)))
 
-    def publish_skipped(self, request_id: int, namespace: TrackNamespace, name: bytes) -> None:
+    def publish_skipped(self, request_id: int, namespace: wire.TrackNamespace, name: bytes) -> None:
         """Send PUBLISH_SKIPPED on a SUBSCRIBE_TRACKS stream."""
         self._stream_message(request_id,
-                             PublishSkipped(self._suffix(request_id, namespace), name))
+                             wire.PublishSkipped(self._suffix(request_id, namespace), name))
 
-    def _suffix(self, request_id: int, namespace: TrackNamespace) -> tuple[bytes, ...]:
+    def _suffix(self, request_id: int, namespace: wire.TrackNamespace) -> tuple[bytes, ...]:
         prefix = tuple(self._live(request_id).namespace)
         ns = tuple(namespace)
         if ns[: len(prefix)] != prefix:
             raise SessionUsageError("namespace outside the request's prefix")
         return ns[len(prefix):]
 
-    def publish_state_notify(self, request_id: int, params: Parameters) -> None:
+    def publish_state_notify(self, request_id: int, params: wire.Parameters) -> None:
         """Send PUBLISH_STATE_NOTIFY on a subscription we publish."""
-        self._stream_message(request_id, PublishStateNotify(params))
+        self._stream_message(request_id, wire.PublishStateNotify(params))
 
     def publish_done(self, request_id: int, status: int, reason: str) -> None:
         """End a subscription we publish: FIN its open data streams, then PUBLISH_DONE with
@@ -852,9 +822,9 @@ class ControlPlane:
         req = self._requests.get(request_id)
         if req is None or req.finished or self._out.closed is not None:
             return
-        req.check_send(PublishDone)
+        req.check_send(wire.PublishDone)
         self._data.finish_streams(req)
-        self._send(req, PublishDone(int(status), req.streams_opened, reason), fin=True)
+        self._send(req, wire.PublishDone(int(status), req.streams_opened, reason), fin=True)
 
     # ------------------------------------------------------------------ requests, read
 

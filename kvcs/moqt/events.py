@@ -9,33 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .wire import (
-    EndOfRange,
-    Fetch,
-    FetchOk,
-    Location,
-    ObjectRecord,
-    Parameters,
-    Publish,
-    PublishDone,
-    PublishNamespace,
-    PublishStateNotify,
-    RequestError,
-    RequestOk,
-    SetupOptions,
-    Subscribe,
-    SubscribeNamespace,
-    SubscribeOk,
-    SubscribeTracks,
-    TrackStatus,
-)
+from . import wire
+from .requests import RequestMessage
 
 
 @dataclass(frozen=True, slots=True)
 class SessionEstablished:
     """The peer's SETUP arrived; ``options`` are its Setup Options."""
 
-    options: SetupOptions
+    options: wire.SetupOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +50,7 @@ class RequestReceived:
     """
 
     request_id: int
-    message: (
-        Subscribe
-        | Fetch
-        | TrackStatus
-        | PublishNamespace
-        | SubscribeNamespace
-        | SubscribeTracks
-        | Publish
-    )
+    message: RequestMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +59,7 @@ class UpdateReceived:
 
     request_id: int
     update_id: int
-    params: Parameters
+    params: wire.Parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +78,7 @@ class SubscribeAccepted:
     """SUBSCRIBE_OK for our SUBSCRIBE ``request_id``."""
 
     request_id: int
-    message: SubscribeOk
+    message: wire.SubscribeOk
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +86,7 @@ class FetchAccepted:
     """FETCH_OK for our FETCH ``request_id``."""
 
     request_id: int
-    message: FetchOk
+    message: wire.FetchOk
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +94,7 @@ class RequestAccepted:
     """REQUEST_OK for our request (``update_id`` set when it answers a REQUEST_UPDATE)."""
 
     request_id: int
-    message: RequestOk
+    message: wire.RequestOk
     update_id: int | None = None
 
 
@@ -129,7 +103,7 @@ class RequestRejected:
     """REQUEST_ERROR for our request (``update_id`` set when it answers a REQUEST_UPDATE)."""
 
     request_id: int
-    message: RequestError
+    message: wire.RequestError
     update_id: int | None = None
 
 
@@ -138,7 +112,7 @@ class PublishStateNotified:
     """PUBLISH_STATE_NOTIFY on subscription ``request_id``."""
 
     request_id: int
-    message: PublishStateNotify
+    message: wire.PublishStateNotify
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +145,7 @@ class SubscriptionEnded:
     """PUBLISH_DONE arrived and all the streams it counted have ended."""
 
     request_id: int
-    message: PublishDone
+    message: wire.PublishDone
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,14 +169,14 @@ class ObjectReceived:
     """
 
     request_id: int
-    record: ObjectRecord
+    record: wire.ObjectRecord
     stream_id: int
     fill_id: int | None = None
 
     @property
-    def location(self) -> Location:
+    def location(self) -> wire.Location:
         """The object's Location."""
-        return Location(self.record.group_id, self.record.object_id)
+        return wire.Location(self.record.group_id, self.record.object_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +184,7 @@ class RangeMarkerReceived:
     """An End of Range record on a fetch or fill stream."""
 
     request_id: int
-    marker: EndOfRange
+    marker: wire.EndOfRange
     stream_id: int
     fill_id: int | None = None
 

@@ -17,8 +17,8 @@ from kvcs.kvnet.kvsp_http import KvspServer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.testing import LocalNet
 
+from .cli_run import cli_inputs, load_kv_layers, run_kvcs
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
-from .test_cli import _files, _run, load_kv_layers
 
 EXTRA = np.arange(3 * BLOCK, dtype=np.int64) + 90_000
 
@@ -26,7 +26,7 @@ EXTRA = np.arange(3 * BLOCK, dtype=np.int64) + 90_000
 async def test_fetch_joins_segments_and_follows_the_codec_preference(
         net: LocalNet, tmp_path: Path) -> None:
     relay = await net.relay()
-    f = _files(tmp_path)
+    f = cli_inputs(tmp_path)
     np.save(tmp_path / "full.npy", np.concatenate([PROMPT, EXTRA]))
     pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
                       PublisherOptions(joint_codec="q8"))
@@ -40,30 +40,30 @@ async def test_fetch_joins_segments_and_follows_the_codec_preference(
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
               str(net.cert.certfile), "--descriptor", f["desc"], "--scope-key", f["scope"],
               "--loopback", "--tokens", str(tmp_path / "full.npy")]
-    rc, out, err = await _run("fetch", *common, "--out", str(tmp_path / "raw.npz"),
-                              "--codec", "lz4,raw")
+    rc, out, err = await run_kvcs("fetch", *common, "--out", str(tmp_path / "raw.npz"),
+                                  "--codec", "lz4,raw")
     assert rc == 0, err
     assert "covering 19 of 19 blocks in 2 segment(s)" in out
     got = load_kv_layers(tmp_path / "raw.npz")
     for i in range(LAYERS):
         assert same(got[i][0], np.concatenate([seg0[i][0], seg1[i][0]]))
         assert same(got[i][1], np.concatenate([seg0[i][1], seg1[i][1]]))
-    rc, out, err = await _run("fetch", *common, "--out", str(tmp_path / "q8.npz"),
-                              "--codec", "q8", "--layers", "0:1")
+    rc, out, err = await run_kvcs("fetch", *common, "--out", str(tmp_path / "q8.npz"),
+                                  "--codec", "q8", "--layers", "0:1")
     assert rc == 0, err
     k0 = load_kv_layers(tmp_path / "q8.npz")[0][0].astype(np.float32)
     want = np.concatenate([seg0[0][0], seg1[0][0]]).astype(np.float32)
     assert k0.shape == want.shape and not np.array_equal(k0, want)  # q8 is lossy
     assert np.allclose(k0, want, atol=0.05)
-    rc, _, err = await _run("fetch", *common, "--out", str(tmp_path / "x.npz"),
-                            "--codec", "Bad!")
+    rc, _, err = await run_kvcs("fetch", *common, "--out", str(tmp_path / "x.npz"),
+                                "--codec", "Bad!")
     assert rc == 2 and "--codec" in err and err.count("\n") == 1
 
 
 async def test_publish_registers_with_the_index_and_fetch_finds_it_there(
         net: LocalNet, tmp_path: Path) -> None:
     relay = await net.relay()
-    f = _files(tmp_path)
+    f = cli_inputs(tmp_path)
     np.save(tmp_path / "short.npy", PROMPT[: 10 * BLOCK])
     cert = net.cert
     store = tmp_path / "store"
@@ -73,7 +73,7 @@ async def test_publish_registers_with_the_index_and_fetch_finds_it_there(
                       "--scope-key", f["scope"], "--loopback"]
         idx = ["--index", index.url, "--index-pin", cert.sha256]
         t0 = time.time()
-        publisher = asyncio.create_task(_run(
+        publisher = asyncio.create_task(run_kvcs(
             "publish", "--relay", f"moqt://127.0.0.1:{relay.port}/", *relay_opts, *idx,
             "--tokens", f["tokens"], "--kv", f["kv"], "--store", str(store),
             "--retention", "30", "--linger", "5"))
@@ -84,9 +84,9 @@ async def test_publish_registers_with_the_index_and_fetch_finds_it_there(
                 break
             await asyncio.sleep(0.05)
         # no --relay: the index names it; the prompt is shorter than the publication
-        rc, out, err = await _run("fetch", *relay_opts, *idx, "--discovery", "index",
-                                  "--tokens", str(tmp_path / "short.npy"),
-                                  "--out", str(tmp_path / "got.npz"))
+        rc, out, err = await run_kvcs("fetch", *relay_opts, *idx, "--discovery", "index",
+                                      "--tokens", str(tmp_path / "short.npy"),
+                                      "--out", str(tmp_path / "got.npz"))
         assert rc == 0, err
         assert "covering 10 of 10 blocks" in out
         got = load_kv_layers(tmp_path / "got.npz")

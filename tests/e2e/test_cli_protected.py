@@ -13,15 +13,15 @@ import pytest
 
 from kvcs.testing import LocalNet
 
+from .cli_run import ENV, cli_inputs, load_kv_layers, run_kvcs
 from .conftest import LAYERS, cache, same
-from .test_cli import ENV, _files, _run, load_kv_layers
 
 
 async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> None:
     relay = await net.relay()
-    f = _files(tmp_path)
+    f = cli_inputs(tmp_path)
     scope_file = str(tmp_path / "scope.json")
-    rc, out, err = await _run("keygen", scope_file, "--scope-key", f["scope"])
+    rc, out, err = await run_kvcs("keygen", scope_file, "--scope-key", f["scope"])
     assert rc == 0, err
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(net.cert.certfile),
               "--descriptor", f["desc"], "--scope-key", scope_file, "--loopback"]
@@ -33,13 +33,13 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
         env=ENV)
     try:
         for _ in range(100):  # wait until the publication is announced
-            rc, out, err = await _run("inspect", *common)
+            rc, out, err = await run_kvcs("inspect", *common)
             if "1 publication(s)" in out:
                 break
             await asyncio.sleep(0.1)
         out_path = tmp_path / "got.npz"
-        rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"], "--out",
-                                  str(out_path), "--protect")
+        rc, out, err = await run_kvcs("fetch", *common, "--tokens", f["tokens"], "--out",
+                                      str(out_path), "--protect")
         assert rc == 0, err
         got = load_kv_layers(out_path)
         data = cache(21)
@@ -47,8 +47,8 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
         for i, (k, v) in got.items():
             assert same(k, data[i][0]) and same(v, data[i][1])
         # the same scope file without --protect: refused, with the reason, nothing written
-        rc, out, err = await _run("fetch", *common, "--tokens", f["tokens"],
-                                  "--out", str(tmp_path / "plain.npz"))
+        rc, out, err = await run_kvcs("fetch", *common, "--tokens", f["tokens"],
+                                      "--out", str(tmp_path / "plain.npz"))
         assert rc == 1 and "protected" in err and "no content keys" in err
         assert not (tmp_path / "plain.npz").exists()
         assert publisher.stdout is not None
@@ -64,16 +64,16 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
 
 async def test_protect_mistakes_are_one_line(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    f = _files(tmp_path)
+    f = cli_inputs(tmp_path)
     ident = ["--relay", "moqt://127.0.0.1:9/", "--descriptor", f["desc"], "--tokens",
              f["tokens"]]
-    rc, _, err = await _run("publish", *ident, "--kv", f["kv"], "--scope-key", f["scope"],
-                            "--protect")
+    rc, _, err = await run_kvcs("publish", *ident, "--kv", f["kv"], "--scope-key", f["scope"],
+                                "--protect")
     assert rc == 2 and err.count("\n") == 1 and "no content keys" in err and "keygen" in err
     monkeypatch.setitem(ENV, "KVCS_SCOPE_KEY", "01" * 32)  # a scope key, but no content keys
-    rc, _, err = await _run("fetch", *ident, "--out", str(tmp_path / "x.npz"), "--protect")
+    rc, _, err = await run_kvcs("fetch", *ident, "--out", str(tmp_path / "x.npz"), "--protect")
     assert rc == 2 and err.count("\n") == 1 and "--protect needs --scope-key" in err
     (tmp_path / "broken.json").write_text('{"kvcs_scope": 1, "scope_key": "zz"}')
-    rc, _, err = await _run("publish", *ident, "--kv", f["kv"], "--protect-in-band",
-                            "--scope-key", str(tmp_path / "broken.json"))
+    rc, _, err = await run_kvcs("publish", *ident, "--kv", f["kv"], "--protect-in-band",
+                                "--scope-key", str(tmp_path / "broken.json"))
     assert rc == 2 and err.count("\n") == 1 and "broken.json" in err

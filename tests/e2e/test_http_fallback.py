@@ -21,6 +21,7 @@ from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .retrieval import layers_until_recompute
 from .test_tampering import TamperingRelay, _check, _publish
 
 SID = scope_id(SCOPE)
@@ -35,11 +36,8 @@ AUTH_RELAY = Authorizer.from_mapping({"tokens": [
 
 
 @pytest.fixture
-async def holder(net: LocalNet, tmp_path: Path) -> AsyncIterator[KvspServer]:
-    cert = net.cert
-    async with KvspServer(BlockStore(tmp_path / "store"), authorizer=AUTH,
-                          certfile=str(cert.certfile), keyfile=str(cert.keyfile)) as srv:
-        yield srv
+async def holder(net: LocalNet, tmp_path: Path) -> KvspServer:
+    return await net.kvsp_server(BlockStore(tmp_path / "store"), AUTH)
 
 
 @pytest.fixture
@@ -112,13 +110,10 @@ async def test_blocks_missing_or_corrupt_on_the_holder_are_reported(
                           http=http)
     found = await consumer.discover()
     assert found is not None
-    got = []
-    with pytest.raises(RecomputeRequired) as info:
-        async for layer in consumer.layers(found):
-            got.append(layer)
+    got, short = await layers_until_recompute(consumer.layers(found))
     assert [x.index for x in got] == [0, 1, 2]
     _check(got, data)
-    assert info.value.missing[3] == [5, 9]  # block 10 came over HTTP
+    assert short.missing[3] == [5, 9]  # block 10 came over HTTP
     assert consumer.stats.http_blocks == 1 and consumer.stats.rejected >= 2
 
 

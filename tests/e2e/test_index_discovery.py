@@ -6,7 +6,6 @@ to the relay and follows holders it learns from another holder's answer."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,12 +33,9 @@ SHORT = PROMPT[: 10 * BLOCK + 2]  # ten blocks (and a partial one) of the publis
 
 
 @pytest.fixture
-async def index(net: LocalNet, tmp_path: Path) -> AsyncIterator[KvspServer]:
+async def index(net: LocalNet, tmp_path: Path) -> KvspServer:
     """A KVSP Index that holds no containers itself."""
-    cert = net.cert
-    async with KvspServer(BlockStore(tmp_path / "index"), authorizer=AUTH,
-                          certfile=str(cert.certfile), keyfile=str(cert.keyfile)) as srv:
-        yield srv
+    return await net.kvsp_server(BlockStore(tmp_path / "index"), AUTH)
 
 
 def _client(net: LocalNet, server: KvspServer, token: str) -> KvspClient:
@@ -134,14 +130,12 @@ async def test_https_holders_learned_from_another_holders_answer(
     data = cache(83)
     store_b = BlockStore(tmp_path / "b")
     store_cache(store_b, DESC, SCOPE, PROMPT, [k for k, _ in data], [v for _, v in data])
-    cert = net.cert
-    async with KvspServer(store_b, authorizer=AUTH, certfile=str(cert.certfile),
-                          keyfile=str(cert.keyfile)) as holder_b:
-        async with _client(net, index, "prefill") as reg:
-            await reg.register(SID, DESC.compat_id, KEYS, holder_b.url, ttl=60)
-        async with _client(net, index, "reader") as http:
-            c = KvConsumer([], SCOPE, DESC, PROMPT, http=http)
-            got = [x async for x in c.http_layers()]
+    holder_b = await net.kvsp_server(store_b, AUTH)
+    async with _client(net, index, "prefill") as reg:
+        await reg.register(SID, DESC.compat_id, KEYS, holder_b.url, ttl=60)
+    async with _client(net, index, "reader") as http:
+        c = KvConsumer([], SCOPE, DESC, PROMPT, http=http)
+        got = [x async for x in c.http_layers()]
     assert [x.index for x in got] == list(range(LAYERS))
     for x in got:
         assert same(x.k, data[x.index][0]) and same(x.v, data[x.index][1])

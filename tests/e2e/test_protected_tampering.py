@@ -20,7 +20,7 @@ from kvcs.kv.manifest import Manifest
 from kvcs.kv.payload import build_payload_bytes
 from kvcs.kv.scopefile import ScopeFile
 from kvcs.kv.secure import ContentKey, SecureObjects, build_immutable_properties
-from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
 from kvcs.moqt.track import CachedObject
@@ -30,6 +30,7 @@ from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .retrieval import layers_until_recompute
 
 SCOPE_FILE = ScopeFile.new(SCOPE).rotated()  # content keys 1 and 2; 2 is current
 K_TRACK, V_TRACK = b"k.raw.s0", b"v.raw.s0"
@@ -185,14 +186,11 @@ async def test_tampered_objects_without_another_source_are_reported(net: LocalNe
                   (K_TRACK, 4, 0): _replace(_sent(pub, K_TRACK, 4, 1))}
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT,
                           secure=SCOPE_FILE.secure_objects(), recompute_budget_s=1)
-    got = []
-    with pytest.raises(RecomputeRequired) as info:
-        async for layer in consumer.layers(await _found(consumer)):
-            got.append(layer)
+    got, short = await layers_until_recompute(consumer.layers(await _found(consumer)))
     assert [x.index for x in got] == [0, 1, 2]  # nothing wrong, nothing out of order
     _check(got, data)
-    assert info.value.missing == {3: [5, 9], 4: [0]}
-    assert info.value.yielded == 3
+    assert short.missing == {3: [5, 9], 4: [0]}
+    assert short.yielded == 3
 
 
 async def test_recovered_from_a_deterministic_alternate_publication(net: LocalNet) -> None:

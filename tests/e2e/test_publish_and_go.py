@@ -4,10 +4,6 @@ MAX_CACHE_DURATION has passed (real QUIC on 127.0.0.1)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +14,7 @@ from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 from kvcs.testing import LocalNet, until
 
+from .cli_run import cli_inputs, run_kvcs
 from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 
 RETENTION_S = 4.0
@@ -74,38 +71,21 @@ async def test_hand_over_only_through_a_relay() -> None:
         await pub.finish()
 
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-async def _run(*args: str, timeout: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvcs", *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=ENV)
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_kvcs_publish_exits_once_the_relay_holds_it(net: LocalNet,
                                                           tmp_path: Path) -> None:
     relay = await net.relay()
-    (tmp_path / "desc.json").write_text(json.dumps(DESC.to_dict()))
-    np.save(tmp_path / "prompt.npy", PROMPT)
-    (tmp_path / "scope.key").write_bytes(bytes(range(32)))
+    f = cli_inputs(tmp_path, seed=43)
     data = cache(43)
-    np.savez(tmp_path / "cache.npz", k=np.stack([k for k, _ in data]).view(np.uint16),
-             v=np.stack([v for _, v in data]).view(np.uint16))
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
-              str(net.cert.certfile), "--descriptor", str(tmp_path / "desc.json"),
-              "--scope-key", str(tmp_path / "scope.key"), "--loopback"]
-    rc, out, err = await _run("publish", *common, "--tokens", str(tmp_path / "prompt.npy"),
-                              "--kv", str(tmp_path / "cache.npz"))
+              str(net.cert.certfile), "--descriptor", f["desc"], "--scope-key", f["scope"],
+              "--loopback"]
+    rc, out, err = await run_kvcs("publish", *common, "--tokens", f["tokens"], "--kv", f["kv"])
     assert rc == 0, err
     assert "publication complete" in out and "the relay holds the whole publication" in out
     await until(lambda: not relay.publishers)  # the publisher is gone
     out_path = tmp_path / "got.npz"
-    rc, out, err = await _run("fetch", *common, "--tokens", str(tmp_path / "prompt.npy"),
-                              "--out", str(out_path))
+    rc, out, err = await run_kvcs("fetch", *common, "--tokens", f["tokens"], "--out",
+                                  str(out_path))
     assert rc == 0, err
     with np.load(out_path) as z:
         for i, (k, v) in enumerate(data):

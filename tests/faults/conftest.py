@@ -3,8 +3,6 @@ between them."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
@@ -52,11 +50,8 @@ class FaultNet(LocalNet):
         return ep
 
     async def aclose(self) -> None:
-        for ep in self.endpoints:
-            ep.close()
-        for ep in self.endpoints:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(ep.wait_closed(), 2)
+        """Close every endpoint, then every proxy, then every relay."""
+        await self.close_endpoints()
         for proxy in self.proxies:
             await proxy.aclose()
         await super().aclose()

@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -226,6 +226,21 @@ UPSTREAM_GARBAGE: dict[str, Callable[[RawSession], object]] = {
     "unknown data stream type": lambda s: s.write(b"\x03\x00\x00", unidirectional=True),
 }
 
+
+@contextlib.asynccontextmanager
+async def _hostile_upstream(cert: DevCertificate) -> AsyncIterator[tuple[LocalNet,
+                                                                        HostileUpstream]]:
+    """A LocalNet and a HostileUpstream listening beside it (its relays name it as their
+    upstream); both closed at the end."""
+    up = HostileUpstream()
+    async with LocalNet(cert) as net:
+        try:
+            await up.listen(cert, net.settings)
+            yield net, up
+        finally:
+            await up.aclose()
+
+
 SHORT = Workload(blocks=8)
 """A publication of the first 8 blocks: another namespace than SMALL's 16."""
 
@@ -237,45 +252,40 @@ async def test_malicious_upstream_relay(cert: DevCertificate, scenario: Scenario
     sends MOQT garbage: the edge closes the upstream session (PROTOCOL_VIOLATION) and
     only that one; its consumers still get the publication it holds, and a local live
     publication goes on untouched."""
-    up = HostileUpstream()
-    async with LocalNet(cert) as net:
-        try:
-            await up.listen(cert, net.settings)
-            data = kv_cache(61)
-            edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
-            await publish(up, data)  # complete on the upstream
-            up.flush()
-            cons_ep = await net.client(edge)
-            kv = consumer(cons_ep)
-            found = await kv.discover()
-            assert found is not None
-            first = (await consume(kv, found)).judge(data)
-            assert first.complete and first.wrong_tensors == 0  # the edge holds it now
-            local = SHORT.publisher(await net.client(edge))
-            data2 = SHORT.cache(62)
-            await local.start()
-            kv2 = consumer(await net.client(edge), SHORT, recompute_budget_s=5)
-            found2 = await kv2.discover()
-            assert found2 is not None
-            live = asyncio.create_task(consume(kv2, found2, workload=SHORT))
-            for i, (k, v) in enumerate(data2[:4]):
-                await local.put_layer(i, k, v)
-            UPSTREAM_GARBAGE[garbage](up.session)
-            up.flush()
-            await until(lambda: up.session.closed is not None)
-            assert up.session.closed[0] == SessionCode.PROTOCOL_VIOLATION  # type: ignore
-            await until(lambda: edge.upstream is None)
-            for i, (k, v) in enumerate(data2[4:], 4):
-                await local.put_layer(i, k, v)
-            await local.finish()
-            got2 = (await live).judge(data2)
-            again = (await consume(consumer(cons_ep), found)).judge(data)
-            scenario.record(again)
-            assert again.complete and again.wrong_tensors == 0 and again.bytes_lost == 0
-            assert got2.complete and got2.wrong_tensors == 0 and got2.bytes_lost == 0
-            assert len(edge.sessions) == 3 and not cons_ep.is_closed
-        finally:
-            await up.aclose()
+    async with _hostile_upstream(cert) as (net, up):
+        data = kv_cache(61)
+        edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
+        await publish(up, data)  # complete on the upstream
+        up.flush()
+        cons_ep = await net.client(edge)
+        kv = consumer(cons_ep)
+        found = await kv.discover()
+        assert found is not None
+        first = (await consume(kv, found)).judge(data)
+        assert first.complete and first.wrong_tensors == 0  # the edge holds it now
+        local = SHORT.publisher(await net.client(edge))
+        data2 = SHORT.cache(62)
+        await local.start()
+        kv2 = consumer(await net.client(edge), SHORT, recompute_budget_s=5)
+        found2 = await kv2.discover()
+        assert found2 is not None
+        live = asyncio.create_task(consume(kv2, found2, workload=SHORT))
+        for i, (k, v) in enumerate(data2[:4]):
+            await local.put_layer(i, k, v)
+        UPSTREAM_GARBAGE[garbage](up.session)
+        up.flush()
+        await until(lambda: up.session.closed is not None)
+        assert up.session.closed[0] == SessionCode.PROTOCOL_VIOLATION  # type: ignore
+        await until(lambda: edge.upstream is None)
+        for i, (k, v) in enumerate(data2[4:], 4):
+            await local.put_layer(i, k, v)
+        await local.finish()
+        got2 = (await live).judge(data2)
+        again = (await consume(consumer(cons_ep), found)).judge(data)
+        scenario.record(again)
+        assert again.complete and again.wrong_tensors == 0 and again.bytes_lost == 0
+        assert got2.complete and got2.wrong_tensors == 0 and got2.bytes_lost == 0
+        assert len(edge.sessions) == 3 and not cons_ep.is_closed
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -286,23 +296,18 @@ async def test_malicious_upstream_relay(cert: DevCertificate, scenario: Scenario
     "to FETCH/SUBSCRIBE) is no longer discoverable"))
 async def test_held_publication_discoverable_after_the_upstream_is_lost(
         cert: DevCertificate, scenario: ScenarioRecord) -> None:
-    up = HostileUpstream()
-    async with LocalNet(cert) as net:
-        try:
-            await up.listen(cert, net.settings)
-            data = kv_cache(63)
-            edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
-            await publish(up, data)
-            up.flush()
-            cons_ep = await net.client(edge)
-            first = (await consume(consumer(cons_ep))).judge(data)
-            assert first.complete
-            UPSTREAM_GARBAGE["unknown control message"](up.session)
-            up.flush()
-            await until(lambda: edge.upstream is None)
-            assert await consumer(cons_ep).discover() is not None
-        finally:
-            await up.aclose()
+    async with _hostile_upstream(cert) as (net, up):
+        data = kv_cache(63)
+        edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
+        await publish(up, data)
+        up.flush()
+        cons_ep = await net.client(edge)
+        first = (await consume(consumer(cons_ep))).judge(data)
+        assert first.complete
+        UPSTREAM_GARBAGE["unknown control message"](up.session)
+        up.flush()
+        await until(lambda: edge.upstream is None)
+        assert await consumer(cons_ep).discover() is not None
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -315,21 +320,16 @@ async def test_malformed_track_from_the_upstream_relay(cert: DevCertificate,
     """The upstream answers a SUBSCRIBE with an object after End of Group: the edge keeps
     the upstream session, caches nothing of the track and ends its consumer's
     subscription with MALFORMED_TRACK."""
-    up = HostileUpstream()
-    async with LocalNet(cert) as net:
-        try:
-            await up.listen(cert, net.settings)
-            ns = (b"hostile", b"up")
-            await up.announce(ns)
-            up.create_track(ns, b"broken")
-            edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
-            sub = await (await net.client(edge)).subscribe(ns, b"broken")
-            await sub.collect(timeout=10)
-            assert up.session.closed is None and edge.upstream is not None
-            assert edge.cache.get((ns, b"broken")) is None
-            assert sub.done is not None and sub.done.status == PublishDoneCode.MALFORMED_TRACK
-        finally:
-            await up.aclose()
+    async with _hostile_upstream(cert) as (net, up):
+        ns = (b"hostile", b"up")
+        await up.announce(ns)
+        up.create_track(ns, b"broken")
+        edge = await net.relay(upstream=f"moqt://127.0.0.1:{up.port}/")
+        sub = await (await net.client(edge)).subscribe(ns, b"broken")
+        await sub.collect(timeout=10)
+        assert up.session.closed is None and edge.upstream is not None
+        assert edge.cache.get((ns, b"broken")) is None
+        assert sub.done is not None and sub.done.status == PublishDoneCode.MALFORMED_TRACK
 
 
 # -- a publisher that sends bad KVCS payloads and manifests ------------------------------

@@ -19,6 +19,7 @@ from random import Random
 import pytest
 
 from kvcs.endpoint import Endpoint
+from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.transport import DevCertificate
@@ -67,6 +68,23 @@ async def _produce(pub: KvPublisher, data: Layers, pause_s: float = 0.0) -> None
         if pause_s:
             await asyncio.sleep(pause_s)
     await pub.finish()
+
+
+async def _live_past_layer_1(pub: KvPublisher, cons_ep: Endpoint, data: Layers,
+                             budget: float) -> tuple[KvConsumer, asyncio.Task[Result],
+                                                     asyncio.Task[None]]:
+    """Start a live transfer (a layer every 0.1 s) from ``pub`` to a consumer on
+    ``cons_ep`` with ``budget``; return once it has yielded layer 1: (the consumer, its
+    retrieval, the production)."""
+    reached = asyncio.Event()
+    kv = consumer(cons_ep, recompute_budget_s=budget,
+                  on_progress=lambda _w, i, _n: i == 1 and reached.set())  # type: ignore
+    await pub.start()
+    found = await kv.discover()
+    producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
+    retrieval = asyncio.create_task(consume(kv, found))
+    await reached.wait()
+    return kv, retrieval, producing
 
 
 async def transfer(cert: DevCertificate, impairment: Impairment | None, seed: int, *,
@@ -147,14 +165,7 @@ async def _blackholed(cert: DevCertificate, hop: str, seconds: float, budget: fl
         c = await chain(net, None, 51)
         data = SMALL.cache(51)
         pub = SMALL.publisher(c.publisher)
-        reached = asyncio.Event()
-        kv = consumer(c.consumer, recompute_budget_s=budget,
-                      on_progress=lambda _w, i, _n: i == 1 and reached.set())  # type: ignore
-        await pub.start()
-        found = await kv.discover()
-        producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
-        retrieval = asyncio.create_task(consume(kv, found))
-        await reached.wait()
+        _, retrieval, producing = await _live_past_layer_1(pub, c.consumer, data, budget)
         began = time.monotonic()
         getattr(c, hop).blackhole(seconds)
         result = (await retrieval).judge(data)
@@ -227,14 +238,7 @@ async def test_blackhole_longer_than_the_idle_timeout_publisher_reconnects(
         try:
             data = SMALL.cache(61)
             pub = SMALL.publisher(target)
-            reached = asyncio.Event()
-            kv = consumer(cons_ep, recompute_budget_s=6.0,
-                          on_progress=lambda _w, i, _n: i == 1 and reached.set())  # type: ignore
-            await pub.start()
-            found = await kv.discover()
-            producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
-            retrieval = asyncio.create_task(consume(kv, found))
-            await reached.wait()
+            kv, retrieval, producing = await _live_past_layer_1(pub, cons_ep, data, 6.0)
             pub_hop.blackhole(3.0)
             got = (await retrieval).judge(data)
             await producing

@@ -19,11 +19,10 @@ from random import Random
 
 import pytest
 
-from kvcs.auth import Authorizer
 from kvcs.endpoint import Endpoint
 from kvcs.kv.store import BlockStore, store_cache
 from kvcs.kvnet.consumer import KvConsumer
-from kvcs.kvnet.kvsp_http import KvspClient, KvspServer
+from kvcs.kvnet.kvsp_http import KvspClient
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.testing import LocalNet
@@ -74,6 +73,18 @@ def _connect(cert: DevCertificate):  # type: ignore[no-untyped-def]
     async def connect(url: str) -> Endpoint:
         return await Endpoint.connect(url, cafile=str(cert.certfile), settings=QUICK)
     return connect
+
+
+async def _publisher_and_consumer_endpoint(net: LocalNet,
+                                          relay: RelayProcess) -> tuple[KvPublisher, Endpoint]:
+    """A started publisher and a consumer's endpoint, both connected to ``relay`` (a relay
+    process) and closed with ``net``."""
+    connect = _connect(net.cert)
+    pub_ep, cons_ep = await connect(relay.url), await connect(relay.url)
+    net.endpoints += [pub_ep, cons_ep]
+    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
+    await pub.start()
+    return pub, cons_ep
 
 
 class Kill:
@@ -199,20 +210,14 @@ async def test_relay_killed_http_holder_available(
     relay = RelayProcess(net.cert, tmp_path)
     procs.append(relay)
     await relay.start()
-    cafile = str(net.cert.certfile)
     data = kv_cache(23)
     store = BlockStore(tmp_path / "store")
     store_cache(store, DESC, SCOPE, PROMPT, [k for k, _ in data], [v for _, v in data])
-    pub_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    cons_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    net.endpoints += [pub_ep, cons_ep]
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    await pub.start()
+    pub, cons_ep = await _publisher_and_consumer_endpoint(net, relay)
     kill = Kill(at=2)
     budget = 2.0
-    async with KvspServer(store, authorizer=Authorizer(anonymous=True), certfile=cafile,
-                          keyfile=str(net.cert.keyfile)) as holder, \
-            KvspClient(holder.url, None, pin_sha256=net.cert.sha256) as http:
+    holder = await net.kvsp_server(store)
+    async with KvspClient(holder.url, None, pin_sha256=net.cert.sha256) as http:
         consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT, recompute_budget_s=budget,
                               http=http, on_progress=kill.on_progress)
         found = await consumer.discover()
@@ -238,13 +243,8 @@ async def test_relay_killed_no_other_source(
     relay = RelayProcess(net.cert, tmp_path)
     procs.append(relay)
     await relay.start()
-    cafile = str(net.cert.certfile)
     data = kv_cache(24)
-    pub_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    cons_ep = await Endpoint.connect(relay.url, cafile=cafile, settings=QUICK)
-    net.endpoints += [pub_ep, cons_ep]
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    await pub.start()
+    pub, cons_ep = await _publisher_and_consumer_endpoint(net, relay)
     kill = Kill(at=2)
     budget = 2.0
     consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT, recompute_budget_s=budget,

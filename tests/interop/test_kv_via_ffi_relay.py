@@ -63,6 +63,22 @@ async def endpoints() -> AsyncIterator[tuple[FfiServer, Endpoint, Endpoint]]:
     assert srv.session_errors == []
 
 
+async def publish_live(pub: KvPublisher,
+                       kv: list[tuple[np.ndarray, np.ndarray]]) -> asyncio.Task[None]:
+    """Publish layers 0-2 now, and the rest (one every 50 ms, then finish) in the returned
+    task: a consumer that starts now joins while layers 3.. are still being computed."""
+    for i in range(3):
+        await pub.put_layer(i, *kv[i])
+
+    async def rest() -> None:
+        for i in range(3, DESC.layers):
+            await asyncio.sleep(0.05)
+            await pub.put_layer(i, *kv[i])
+        await pub.finish()
+
+    return asyncio.create_task(rest())
+
+
 def consumer(ep: Endpoint) -> KvConsumer:
     return KvConsumer(ep, SCOPE, DESC, TOKENS, hex_namespace=True, relay_profile="moq-dev",
                       discovery_timeout=0.5, recompute_budget_s=3.0)
@@ -98,16 +114,7 @@ async def test_live_publication(endpoints: tuple[FfiServer, Endpoint, Endpoint])
     _srv, pub_ep, con_ep = endpoints
     kv = kv_layers(8)
     pub = KvPublisher(pub_ep, SCOPE, DESC, TOKENS, MOQ_DEV)
-    for i in range(3):  # the consumer joins while layer 3.. are still being computed
-        await pub.put_layer(i, *kv[i])
-
-    async def rest() -> None:
-        for i in range(3, DESC.layers):
-            await asyncio.sleep(0.05)
-            await pub.put_layer(i, *kv[i])
-        await pub.finish()
-
-    feeder = asyncio.create_task(rest())
+    feeder = await publish_live(pub, kv)
     con = consumer(con_ep)
     assert await collect(con, kv) == list(range(DESC.layers))
     await feeder

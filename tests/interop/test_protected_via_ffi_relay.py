@@ -19,7 +19,16 @@ import pytest
 pytest.importorskip("moq")
 
 from moq_helpers import FfiServer
-from test_kv_via_ffi_relay import DESC, MOQ_DEV, ROWS, SCOPE, TOKENS, endpoints, kv_layers
+from test_kv_via_ffi_relay import (
+    DESC,
+    MOQ_DEV,
+    ROWS,
+    SCOPE,
+    TOKENS,
+    endpoints,
+    kv_layers,
+    publish_live,
+)
 
 from kvcs.endpoint import Endpoint
 from kvcs.kv.scopefile import ScopeFile
@@ -45,16 +54,7 @@ async def test_protected_publication_live_and_completed(
     srv, pub_ep, con_ep = endpoints
     kv = kv_layers(9)
     pub = KvPublisher(pub_ep, SCOPE, DESC, TOKENS, protected_options())  # type: ignore[arg-type]
-    for i in range(3):  # a consumer joins while layers 3.. are still being computed
-        await pub.put_layer(i, *kv[i])
-
-    async def rest() -> None:
-        for i in range(3, DESC.layers):
-            await asyncio.sleep(0.05)
-            await pub.put_layer(i, *kv[i])
-        await pub.finish()
-
-    feeder = asyncio.create_task(rest())
+    feeder = await publish_live(pub, kv)
     live = KvConsumer(con_ep, SCOPE, DESC, TOKENS, hex_namespace=True, relay_profile="moq-dev",
                       discovery_timeout=0.5, recompute_budget_s=3.0,
                       secure=CONTENT.secure_objects())

@@ -10,19 +10,8 @@ import struct
 import numpy as np
 import pytest
 
+from kvcs.kv import ids
 from kvcs.kv.errors import DescriptorError
-from kvcs.kv.ids import (
-    CompatDescriptor,
-    KvcsNamespace,
-    ScopeKey,
-    anchor_key,
-    block_keys,
-    block_keys_sha256,
-    canonical_bytes,
-    compat_id,
-    new_publication_id,
-    scope_id,
-)
 from kvcs.kv.vectors import FIXED_DESCRIPTOR
 
 S = bytes(range(32))
@@ -39,32 +28,32 @@ def desc(**changes):
 
 
 def test_canonical_and_compat_id():
-    cb = canonical_bytes(FIXED_DESCRIPTOR)
+    cb = ids.canonical_bytes(FIXED_DESCRIPTOR)
     assert cb.startswith(b'{"block_tokens":4,"dtype":"bfloat16"')
     assert b" " not in cb
-    assert compat_id(FIXED_DESCRIPTOR) == hashlib.sha256(cb).digest()
+    assert ids.compat_id(FIXED_DESCRIPTOR) == hashlib.sha256(cb).digest()
     # key order of the input does not matter
     rev = dict(reversed(list(FIXED_DESCRIPTOR.items())))
-    assert compat_id(rev) == compat_id(FIXED_DESCRIPTOR)
+    assert ids.compat_id(rev) == ids.compat_id(FIXED_DESCRIPTOR)
 
 
 def test_non_ascii_unescaped_and_extra_nested_sorted():
     d = desc(model="modèle", extra={"z": 1, "a": {"y": [1, "2"], "b": True}})
-    cb = canonical_bytes(d)
+    cb = ids.canonical_bytes(d)
     assert "modèle".encode() in cb
     assert b'"extra":{"a":{"b":true,"y":[1,"2"]},"z":1}' in cb
 
 
 def test_unknown_members_are_hashed():
-    assert compat_id(desc(foo="bar")) != compat_id(FIXED_DESCRIPTOR)
+    assert ids.compat_id(desc(foo="bar")) != ids.compat_id(FIXED_DESCRIPTOR)
 
 
 def test_descriptor_properties():
-    d = CompatDescriptor.from_dict(desc(v_head_dim=64))
+    d = ids.CompatDescriptor.from_dict(desc(v_head_dim=64))
     assert (d.layers, d.kv_heads, d.head_dim, d.v_head_dim, d.block_tokens) == (2, 8, 128, 64, 4)
     assert d.k_shape() == (4, 8, 128) and d.v_shape() == (4, 8, 64)
     assert d.dtype.itemsize == 2 and d.dtype_name == "bfloat16"
-    assert CompatDescriptor.from_json(canonical_bytes(d)) == d
+    assert ids.CompatDescriptor.from_json(ids.canonical_bytes(d)) == d
 
 
 @pytest.mark.parametrize(
@@ -94,18 +83,18 @@ def test_descriptor_properties():
 )
 def test_descriptor_rejections(changes, match):
     with pytest.raises(DescriptorError, match=match):
-        compat_id(desc(**changes))
+        ids.compat_id(desc(**changes))
 
 
 def test_descriptor_error_is_value_error():
     with pytest.raises(ValueError):
-        CompatDescriptor.from_dict([1, 2])
+        ids.CompatDescriptor.from_dict([1, 2])
     with pytest.raises(DescriptorError, match="JSON"):
-        CompatDescriptor.from_json(b"{")
+        ids.CompatDescriptor.from_json(b"{")
 
 
 def test_dim_bounds_inclusive():
-    compat_id(desc(layers=1 << 20, block_tokens=1))
+    ids.compat_id(desc(layers=1 << 20, block_tokens=1))
 
 
 def test_scope_key_sources(tmp_path, monkeypatch):
@@ -115,29 +104,29 @@ def test_scope_key_sources(tmp_path, monkeypatch):
     hexf.write_text(S.hex() + "\n")
     monkeypatch.setenv("KVCS_TEST_SCOPE", S.hex().upper())
     for k in (
-        ScopeKey.from_bytes(S),
-        ScopeKey.from_file(raw),
-        ScopeKey.from_file(hexf),
-        ScopeKey.from_env("KVCS_TEST_SCOPE"),
+        ids.ScopeKey.from_bytes(S),
+        ids.ScopeKey.from_file(raw),
+        ids.ScopeKey.from_file(hexf),
+        ids.ScopeKey.from_env("KVCS_TEST_SCOPE"),
     ):
         assert k.key == S
-    assert S.hex() not in repr(ScopeKey(S))
+    assert S.hex() not in repr(ids.ScopeKey(S))
     bad = tmp_path / "bad.key"
     bad.write_bytes(b"\xff" * 31)
     with pytest.raises(DescriptorError):
-        ScopeKey.from_file(bad)
+        ids.ScopeKey.from_file(bad)
     with pytest.raises(DescriptorError):
-        ScopeKey.from_bytes(b"short")
+        ids.ScopeKey.from_bytes(b"short")
     with pytest.raises(DescriptorError, match="not set"):
-        ScopeKey.from_env("KVCS_TEST_UNSET_VAR")
+        ids.ScopeKey.from_env("KVCS_TEST_UNSET_VAR")
     monkeypatch.setenv("KVCS_TEST_SCOPE", "zz" * 32)
     with pytest.raises(DescriptorError, match="hex"):
-        ScopeKey.from_env("KVCS_TEST_SCOPE")
+        ids.ScopeKey.from_env("KVCS_TEST_SCOPE")
 
 
 def test_scope_id():
     expect = hmac.new(S, b"kvsp-1 scope-id", hashlib.sha256).digest()[:16]
-    assert scope_id(ScopeKey(S)) == expect == scope_id(S)
+    assert ids.scope_id(ids.ScopeKey(S)) == expect == ids.scope_id(S)
 
 
 def reference_block_keys(key, cid, tokens, b):
@@ -152,51 +141,52 @@ def reference_block_keys(key, cid, tokens, b):
 
 
 def test_block_keys_match_reference_and_chain():
-    cid = compat_id(FIXED_DESCRIPTOR)
+    cid = ids.compat_id(FIXED_DESCRIPTOR)
     tokens = [0xFFFFFFFF, 0, 7, 123456, *range(100, 113)]  # 17 tokens: 4 blocks + partial
-    keys = block_keys(S, cid, tokens, 4)
+    keys = ids.block_keys(S, cid, tokens, 4)
     assert keys == reference_block_keys(S, cid, tokens, 4)
     assert len(keys) == 4
     # numpy input of any integer dtype gives the same keys
-    assert block_keys(S, cid, np.array(tokens, dtype=np.int64), 4) == keys
-    assert block_keys(S, cid, np.array(tokens, dtype=np.uint32), 4) == keys
+    assert ids.block_keys(S, cid, np.array(tokens, dtype=np.int64), 4) == keys
+    assert ids.block_keys(S, cid, np.array(tokens, dtype=np.uint32), 4) == keys
     # a prefix has the prefix's keys
-    assert block_keys(S, cid, tokens[:8], 4) == keys[:2]
-    assert block_keys(S, cid, tokens[:3], 4) == []
-    assert anchor_key(keys, 2) == keys[1]
-    assert block_keys_sha256(keys) == hashlib.sha256(b"".join(keys)).digest()
+    assert ids.block_keys(S, cid, tokens[:8], 4) == keys[:2]
+    assert ids.block_keys(S, cid, tokens[:3], 4) == []
+    assert ids.anchor_key(keys, 2) == keys[1]
+    assert ids.block_keys_sha256(keys) == hashlib.sha256(b"".join(keys)).digest()
     # bound to compat id and scope
-    assert block_keys(S, bytes(32), tokens, 4) != keys
-    assert block_keys(bytes(32), cid, tokens, 4) != keys
+    assert ids.block_keys(S, bytes(32), tokens, 4) != keys
+    assert ids.block_keys(bytes(32), cid, tokens, 4) != keys
 
 
 @pytest.mark.parametrize("tokens", [[-1, 0, 0, 0], [1 << 32, 0, 0, 0], [0.5, 1.0, 2.0, 3.0]])
 def test_block_keys_reject_bad_tokens(tokens):
     with pytest.raises(DescriptorError):
-        block_keys(S, bytes(32), tokens, 4)
+        ids.block_keys(S, bytes(32), tokens, 4)
 
 
 def test_block_keys_reject_bad_args():
     with pytest.raises(DescriptorError):
-        block_keys(S, b"short", [1, 2], 1)
+        ids.block_keys(S, b"short", [1, 2], 1)
     with pytest.raises(DescriptorError):
-        block_keys(S, bytes(32), [1, 2], 0)
+        ids.block_keys(S, bytes(32), [1, 2], 0)
     with pytest.raises(DescriptorError):
-        anchor_key([bytes(32)], 2)
+        ids.anchor_key([bytes(32)], 2)
     with pytest.raises(DescriptorError):
-        anchor_key([bytes(32)], 0)
+        ids.anchor_key([bytes(32)], 0)
 
 
 def make_ns():
-    return KvcsNamespace(bytes(range(16)), bytes(32), bytes(range(32)), new_publication_id())
+    return ids.KvcsNamespace(bytes(range(16)), bytes(32), bytes(range(32)),
+                             ids.new_publication_id())
 
 
 def test_namespace_roundtrip_and_prefix():
     ns = make_ns()
     fields = ns.to_fields()
     assert fields[0] == b"kvcs-1" and [len(f) for f in fields] == [6, 16, 32, 32, 16]
-    assert KvcsNamespace.from_fields(fields) == ns
-    assert KvcsNamespace.from_tuple(ns.to_tuple()) == ns
+    assert ids.KvcsNamespace.from_fields(fields) == ns
+    assert ids.KvcsNamespace.from_tuple(ns.to_tuple()) == ns
     assert ns.prefix(2) == fields[:2]
     assert ns.prefix(4) == fields[:4]
     with pytest.raises(ValueError):
@@ -210,16 +200,16 @@ def test_namespace_hex_fields():
     hf = ns.to_fields(hex_fields=True)
     assert [len(f) for f in hf] == [6, 32, 64, 64, 32]
     assert all(f.decode("utf-8") == f.decode("ascii").lower() for f in hf)
-    assert KvcsNamespace.from_fields(hf, hex_fields=True) == ns
+    assert ids.KvcsNamespace.from_fields(hf, hex_fields=True) == ns
     assert ns.prefix(2, hex_fields=True) == hf[:2]
     # the two encodings are not interchangeable
     with pytest.raises(ValueError):
-        KvcsNamespace.from_fields(hf)
+        ids.KvcsNamespace.from_fields(hf)
     with pytest.raises(ValueError):
-        KvcsNamespace.from_fields(ns.to_fields(), hex_fields=True)
+        ids.KvcsNamespace.from_fields(ns.to_fields(), hex_fields=True)
     upper = (hf[0], hf[1].upper(), *hf[2:])
     with pytest.raises(ValueError, match="lowercase hex"):
-        KvcsNamespace.from_fields(upper, hex_fields=True)
+        ids.KvcsNamespace.from_fields(upper, hex_fields=True)
 
 
 @pytest.mark.parametrize("index", [1, 2, 3, 4])
@@ -227,19 +217,19 @@ def test_namespace_rejects_wrong_field_lengths(index):
     fields = list(make_ns().to_fields())
     fields[index] = fields[index] + b"\x00"
     with pytest.raises(ValueError, match="octets"):
-        KvcsNamespace.from_fields(fields)
+        ids.KvcsNamespace.from_fields(fields)
 
 
 def test_namespace_rejects_wrong_shape():
     fields = make_ns().to_fields()
     with pytest.raises(ValueError, match="5 fields"):
-        KvcsNamespace.from_fields(fields[:4])
+        ids.KvcsNamespace.from_fields(fields[:4])
     with pytest.raises(ValueError, match="field 0"):
-        KvcsNamespace.from_fields((b"kvcs-2", *fields[1:]))
+        ids.KvcsNamespace.from_fields((b"kvcs-2", *fields[1:]))
     with pytest.raises(ValueError):
-        KvcsNamespace(bytes(15), bytes(32), bytes(32), bytes(16))
+        ids.KvcsNamespace(bytes(15), bytes(32), bytes(32), bytes(16))
 
 
 def test_new_publication_id():
-    a, b = new_publication_id(), new_publication_id()
+    a, b = ids.new_publication_id(), ids.new_publication_id()
     assert len(a) == 16 and a != b

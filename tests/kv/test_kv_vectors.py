@@ -5,18 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvcs.kv import ids
 from kvcs.kv.codecs import encode_section, layer_digest
 from kvcs.kv.container import decode_container, read_container
 from kvcs.kv.cose import Keyring, ProducerKey, verify_manifest
-from kvcs.kv.ids import (
-    CompatDescriptor,
-    KvcsNamespace,
-    ScopeKey,
-    anchor_key,
-    block_keys,
-    block_keys_sha256,
-    scope_id,
-)
 from kvcs.kv.manifest import Manifest, check_namespace, expected_digest, segment_covers
 from kvcs.kv.payload import build_payload, verify_payload
 from kvcs.kv.vectors import (
@@ -32,7 +24,7 @@ from kvcs.kv.vectors import (
 
 PATH = Path(__file__).resolve().parents[1] / "vectors" / "kvsp-v1.json"
 V = json.loads(PATH.read_text(encoding="utf-8"))
-DESC = CompatDescriptor.from_dict(FIXED_DESCRIPTOR)
+DESC = ids.CompatDescriptor.from_dict(FIXED_DESCRIPTOR)
 
 # KVCS document appendix, 108-octet namespace encoding.
 APPENDIX_NAMESPACE = bytes.fromhex(
@@ -54,13 +46,14 @@ def test_ids_reproduce_vectors():
     cid = DESC.compat_id
     assert DESC.canonical.decode() == V["canonical_descriptor"]
     assert cid.hex() == V["compat_id"]
-    sk = ScopeKey.from_hex(V["inputs"]["scope_key"])
-    assert scope_id(sk).hex() == V["scope_id"]
-    keys = block_keys(sk, cid, V["inputs"]["tokens"], DESC.block_tokens)
+    sk = ids.ScopeKey.from_hex(V["inputs"]["scope_key"])
+    assert ids.scope_id(sk).hex() == V["scope_id"]
+    keys = ids.block_keys(sk, cid, V["inputs"]["tokens"], DESC.block_tokens)
     assert [k.hex() for k in keys] == V["block_keys"]
-    assert anchor_key(keys, 4).hex() == V["anchor_key"]
-    assert block_keys_sha256(keys).hex() == V["block_keys_sha256"]
-    ns = KvcsNamespace(scope_id(sk), cid, keys[-1], bytes.fromhex(V["inputs"]["publication_id"]))
+    assert ids.anchor_key(keys, 4).hex() == V["anchor_key"]
+    assert ids.block_keys_sha256(keys).hex() == V["block_keys_sha256"]
+    publication_id = bytes.fromhex(V["inputs"]["publication_id"])
+    ns = ids.KvcsNamespace(ids.scope_id(sk), cid, keys[-1], publication_id)
     assert [f.hex() for f in ns.to_fields()] == V["namespace_fields"]
     assert encode_namespace(ns.to_fields()).hex() == V["namespace"]
     assert len(bytes.fromhex(V["namespace"])) == 108
@@ -128,7 +121,8 @@ def test_vi64():
 
 def test_appendix_namespace_encoding_byte_for_byte():
     """The 108-octet example, built from the field values printed in the appendix."""
-    ns = KvcsNamespace(APPENDIX_SCOPE_ID, APPENDIX_COMPAT_ID, APPENDIX_ANCHOR, FIXED_PUBLICATION_ID)
+    ns = ids.KvcsNamespace(APPENDIX_SCOPE_ID, APPENDIX_COMPAT_ID, APPENDIX_ANCHOR,
+                           FIXED_PUBLICATION_ID)
     assert encode_namespace(ns.to_fields()) == APPENDIX_NAMESPACE
     assert len(APPENDIX_NAMESPACE) == 108
     assert APPENDIX_SCOPE_ID.hex() == "6d1c6481cd428737da312c089db3832a"
@@ -140,9 +134,9 @@ def test_appendix_ids_are_not_the_section9_ids():
     from kvsp-profile.md section 9's fixed inputs (no reading of the profile gives them).
     kvcs follows the normative profile: section 9 gives f9b03f62..., 50d739d7... and
     6ec646d5..., the values pinned in tests/vectors/kvsp-v1.json (docs/kvsp-profile.md)."""
-    sk = ScopeKey.from_bytes(FIXED_SCOPE_KEY)
-    keys = block_keys(sk, DESC.compat_id, FIXED_TOKENS, DESC.block_tokens)
-    ours = (scope_id(sk), DESC.compat_id, keys[-1])
+    sk = ids.ScopeKey.from_bytes(FIXED_SCOPE_KEY)
+    keys = ids.block_keys(sk, DESC.compat_id, FIXED_TOKENS, DESC.block_tokens)
+    ours = (ids.scope_id(sk), DESC.compat_id, keys[-1])
     assert ours != (APPENDIX_SCOPE_ID, APPENDIX_COMPAT_ID, APPENDIX_ANCHOR)
     assert ours[0].hex().startswith("f9b03f62") and ours[1].hex().startswith("50d739d7")
     assert ours[2].hex().startswith("6ec646d5")

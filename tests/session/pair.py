@@ -94,6 +94,18 @@ def established(client_cfg: SessionConfig | None = None,
     return p
 
 
+def subscribed(p: Pair, namespace: tuple[bytes, ...], name: bytes = b"t") -> tuple[int, int]:
+    """The client subscribes, the server accepts, both ends drain their events; returns
+    (request id, track alias)."""
+    rid = p.client.subscribe(namespace, name)
+    p.pump()
+    p.events(p.server)
+    alias = p.server.subscribe_ok(rid)
+    p.pump()
+    p.events(p.client)
+    return rid, alias
+
+
 def kinds(events: list) -> list[str]:
     """Event class names, for compact assertions."""
     return [type(e).__name__ for e in events]

@@ -14,35 +14,18 @@ import pytest
 
 from kvcs.moqt import config as C
 from kvcs.moqt import events as ev
+from kvcs.moqt import wire
 from kvcs.moqt.actions import CloseSession, ResetStream, SendStreamData, StopSending
 from kvcs.moqt.config import SessionConfig, state_bound
 from kvcs.moqt.errors import RequestErrorCode, SessionCode, StreamResetCode
 from kvcs.moqt.requests import message_footprint, namespace_footprint
 from kvcs.moqt.session import Session
-from kvcs.moqt.wire import (
-    AuthToken,
-    ControlStreamParser,
-    NamespaceMsg,
-    Parameters,
-    Publish,
-    RangeFilter,
-    RequestError,
-    RequestUpdate,
-    Setup,
-    SetupOptions,
-    SubgroupHeader,
-    SubgroupWriter,
-    Subscribe,
-    SubscribeNamespace,
-    encode_message,
-    encode_vi64,
-)
 from kvcs.moqt.wire.params import PARAM_SUBGROUP_FILTER
 
-from .pair import Opener, close_codes, established, kinds, of_type
+from .pair import Opener, close_codes, established, kinds, of_type, subscribed
 
 NS = (b"kv", b"flood")
-SETUP = encode_message(Setup(SetupOptions()))
+SETUP = wire.encode_message(wire.Setup(wire.SetupOptions()))
 EXCESSIVE = RequestErrorCode.EXCESSIVE_LOAD
 
 
@@ -56,7 +39,7 @@ def server(**limits: Any) -> Session:
 
 
 def subscribe(rid: int, name: bytes = b"t", **params: Any) -> bytes:
-    return encode_message(Subscribe(rid, NS, name, Parameters(**params)))
+    return wire.encode_message(wire.Subscribe(rid, NS, name, wire.Parameters(**params)))
 
 
 def request_stream(i: int) -> int:
@@ -68,7 +51,7 @@ def answers(actions: list, stream_id: int) -> list[object]:
     """Control messages the session wrote on ``stream_id``, decoded (and whether FIN)."""
     data = b"".join(bytes(a.data) for a in actions
                     if isinstance(a, SendStreamData) and a.stream_id == stream_id)
-    return list(ControlStreamParser().feed(data))
+    return list(wire.ControlStreamParser().feed(data))
 
 
 def fin_on(actions: list, stream_id: int) -> bool:
@@ -101,13 +84,14 @@ def test_request_flood_is_refused_with_excessive_load_beyond_max_requests() -> N
     assert [e.request_id for e in received] == [2 * i for i in range(8)]
     for i in range(8, 50):
         (err,) = answers(acts, request_stream(i))
-        assert isinstance(err, RequestError) and err.code == EXCESSIVE
+        assert isinstance(err, wire.RequestError) and err.code == EXCESSIVE
         assert err.retry_interval == C.RETRY_AFTER_MS + 1
         assert fin_on(acts, request_stream(i))
     u = s.usage
     assert u.peer_requests == 8 and u.draining_streams == 42
     # what the peer still sends on a refused stream is dropped, its FIN forgets it
-    s.stream_data(request_stream(9), encode_message(RequestUpdate(200, Parameters())), True)
+    update = wire.encode_message(wire.RequestUpdate(200, wire.Parameters()))
+    s.stream_data(request_stream(9), update, True)
     assert s.actions() == [] and s.usage.draining_streams == 41
     # answered requests make room: the peer may retry
     s.request_error(0, RequestErrorCode.DOES_NOT_EXIST)
@@ -125,9 +109,9 @@ def test_a_refused_request_still_checks_its_request_id() -> None:
 
 
 def _big_subscribe(rid: int, ranges: int = 0, tokens: int = 0) -> bytes:
-    rf = (RangeFilter(PARAM_SUBGROUP_FILTER, 0, tuple((2 * i, 2 * i) for i in range(ranges))),
+    rf = (wire.RangeFilter(PARAM_SUBGROUP_FILTER, 0, tuple((2 * i, 2 * i) for i in range(ranges))),
           ) if ranges else ()
-    toks = tuple(AuthToken(3, None, 0, i.to_bytes(2, "big")) for i in range(tokens))
+    toks = tuple(wire.AuthToken(3, None, 0, i.to_bytes(2, "big")) for i in range(tokens))
     return subscribe(rid, range_filters=rf, auth_tokens=toks)
 
 
@@ -138,10 +122,10 @@ def test_requests_over_the_control_budget_are_refused() -> None:
     s = server(max_control_bytes=1 << 20)
     raw = _big_subscribe(0, ranges=10_000)
     assert len(raw) < 40_000 and message_footprint(
-        ControlStreamParser().feed(raw)[0]) > 1_500_000  # type: ignore[arg-type]
+        wire.ControlStreamParser().feed(raw)[0]) > 1_500_000  # type: ignore[arg-type]
     s.stream_data(0, raw, False)  # 40 KB on the wire, ~1.5 MB decoded: refused
     (err,) = answers(s.actions(), 0)
-    assert isinstance(err, RequestError) and err.code == EXCESSIVE
+    assert isinstance(err, wire.RequestError) and err.code == EXCESSIVE
     accepted = 0
     for i in range(1, 40):
         s.stream_data(request_stream(i), _big_subscribe(2 * i, tokens=1000), False)
@@ -156,7 +140,7 @@ def test_requests_over_the_control_budget_are_refused() -> None:
 def test_unfinished_requests_over_the_control_budget_are_refused() -> None:
     """Streams that each start a 64 KB message and never finish it."""
     s = server(max_control_bytes=256 * 1024)
-    head = encode_vi64(Subscribe.TYPE) + (65000).to_bytes(2, "big")
+    head = wire.encode_vi64(wire.Subscribe.TYPE) + (65000).to_bytes(2, "big")
     for i in range(20):
         s.stream_data(request_stream(i), head + bytes(60_000), False)
     acts = s.actions()
@@ -164,7 +148,7 @@ def test_unfinished_requests_over_the_control_budget_are_refused() -> None:
     assert len(refused) >= 16  # 4 fit in 256 KiB
     for i in refused:
         (err,) = answers(acts, request_stream(i))
-        assert isinstance(err, RequestError) and err.code == EXCESSIVE
+        assert isinstance(err, wire.RequestError) and err.code == EXCESSIVE
     assert s.usage.control_bytes <= 256 * 1024 and not s.is_closed
     for i in range(20):  # the peer resets them: nothing is left
         s.stream_reset(request_stream(i), 0)
@@ -178,7 +162,7 @@ def test_update_flood_cancels_only_that_request() -> None:
     s.stream_data(0, subscribe(0), False)
     s.stream_data(4, subscribe(2, b"u"), False)
     list(s.events())
-    updates = b"".join(encode_message(RequestUpdate(4 + 2 * i, Parameters()))
+    updates = b"".join(wire.encode_message(wire.RequestUpdate(4 + 2 * i, wire.Parameters()))
                        for i in range(2000))
     s.stream_data(0, updates, False)
     acts = s.actions()
@@ -199,7 +183,7 @@ def test_namespace_flood_from_the_responder_fails_our_request() -> None:
     p.server.request_ok(rid)
     p.pump()
     p.events(p.client)
-    flood = b"".join(encode_message(NamespaceMsg((b"n%05d" % i,) + (b"x" * 100,) * 8))
+    flood = b"".join(wire.encode_message(wire.NamespaceMsg((b"n%05d" % i,) + (b"x" * 100,) * 8))
                      for i in range(2000))
     p.client.stream_data(0, flood, False)
     acts = p.client.actions()
@@ -211,15 +195,15 @@ def test_namespace_flood_from_the_responder_fails_our_request() -> None:
 
 def test_setup_with_too_many_tokens_is_unauthorized() -> None:
     s = Session(SessionConfig(is_client=False, max_setup_tokens=4), Opener(False))
-    toks = tuple(AuthToken(3, None, 0, b"t%d" % i) for i in range(5))
-    s.stream_data(2, encode_message(Setup(SetupOptions(auth_tokens=toks))), False)
+    toks = tuple(wire.AuthToken(3, None, 0, b"t%d" % i) for i in range(5))
+    s.stream_data(2, wire.encode_message(wire.Setup(wire.SetupOptions(auth_tokens=toks))), False)
     assert close_codes(s.actions()) == [SessionCode.UNAUTHORIZED]
 
 
 def test_setup_keeps_a_bounded_sample_of_unknown_options() -> None:
     s = Session(SessionConfig(is_client=False), Opener(False))
     unknown = tuple((0x9D + 0xFE * i, b"g") for i in range(2000))  # odd: bytes values
-    s.stream_data(2, encode_message(Setup(SetupOptions(unknown=unknown))), False)
+    s.stream_data(2, wire.encode_message(wire.Setup(wire.SetupOptions(unknown=unknown))), False)
     assert not s.is_closed and s.peer_setup is not None
     assert s.peer_setup.unknown == unknown[:C.MAX_UNKNOWN_SETUP_OPTIONS]
 
@@ -240,7 +224,7 @@ def test_early_input_is_charged_per_piece() -> None:
 
 
 def _subgroup(alias: int, group: int, objects: list[bytes], props: bool = False) -> bytes:
-    w = SubgroupWriter(SubgroupHeader(alias, group, 0, None, has_properties=props))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(alias, group, 0, None, has_properties=props))
     out = bytearray(w.header_bytes())
     for i, payload in enumerate(objects):
         out += w.object_prefix(i, len(payload), 0, () if props else None)
@@ -251,13 +235,7 @@ def _subgroup(alias: int, group: int, objects: list[bytes], props: bool = False)
 def _subscribed(**client_limits: Any) -> tuple[Any, int, int]:
     """A pair with one established subscription; (pair, request id, alias)."""
     p = established(client_cfg=SessionConfig(is_client=True, **client_limits))
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    alias = p.server.subscribe_ok(rid)
-    p.pump()
-    p.events(p.client)
-    return p, rid, alias
+    return (p, *subscribed(p, NS))
 
 
 def test_huge_object_announcements_stop_only_their_streams() -> None:
@@ -265,7 +243,7 @@ def test_huge_object_announcements_stop_only_their_streams() -> None:
     would allocate it at its header; past max_data_bytes the stream is stopped."""
     p, rid, alias = _subscribed(max_data_bytes=8 << 20)
     c = p.client
-    w = SubgroupWriter(SubgroupHeader(alias, 0, 0, None))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(alias, 0, 0, None))
     head = w.header_bytes() + w.object_prefix(0, 3 << 20)
     for k in range(10):
         c.stream_data(1003 + 4 * k, head + b"x" * 100, False)
@@ -289,7 +267,7 @@ def test_huge_object_announcements_stop_only_their_streams() -> None:
 
 def test_object_properties_over_the_limit_stop_the_stream() -> None:
     p, rid, alias = _subscribed(max_object_properties=1024)
-    w = SubgroupWriter(SubgroupHeader(alias, 0, 0, None, has_properties=True))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(alias, 0, 0, None, has_properties=True))
     good = w.header_bytes() + w.object_prefix(0, 1, 0, ((0x79, b"p" * 100),)) + b"a"
     bad = w.object_prefix(1, 1, 0, ((0x79, b"p" * 2000),)) + b"b"
     p.client.stream_data(1003, good + bad, False)
@@ -333,7 +311,7 @@ def test_many_streams_are_bounded_by_their_cost() -> None:
 
 def _decoded(raw: bytes) -> tuple[int, Any]:
     with traced() as used:
-        (msg,) = ControlStreamParser().feed(raw)
+        (msg,) = wire.ControlStreamParser().feed(raw)
         size = used()
     return size, msg
 
@@ -341,14 +319,15 @@ def _decoded(raw: bytes) -> tuple[int, Any]:
 @pytest.mark.parametrize("raw", [
     _big_subscribe(0, ranges=20_000),
     _big_subscribe(0, tokens=9_000),
-    encode_message(Publish(0, NS, b"t", 1, Parameters(),
-                           tuple((2 * i, i) for i in range(15_000)))),
-    encode_message(Publish(0, NS, b"t", 1, Parameters(),
-                           tuple((2 * i + 1, b"v" * 3) for i in range(9_000)))),
-    encode_message(Subscribe(0, tuple(bytes([65 + i]) * 127 for i in range(32)), b"n" * 32,
-                             Parameters(fill=Parameters(range_filters=(RangeFilter(
-                                 PARAM_SUBGROUP_FILTER, 1, ((1, 2), (4, 5), (7, 8))),))))),
-    encode_message(SubscribeNamespace(0, (b"a",) * 32, Parameters())),
+    wire.encode_message(wire.Publish(0, NS, b"t", 1, wire.Parameters(),
+                                     tuple((2 * i, i) for i in range(15_000)))),
+    wire.encode_message(wire.Publish(0, NS, b"t", 1, wire.Parameters(),
+                                     tuple((2 * i + 1, b"v" * 3) for i in range(9_000)))),
+    wire.encode_message(wire.Subscribe(
+        0, tuple(bytes([65 + i]) * 127 for i in range(32)), b"n" * 32,
+        wire.Parameters(fill=wire.Parameters(range_filters=(wire.RangeFilter(
+            PARAM_SUBGROUP_FILTER, 1, ((1, 2), (4, 5), (7, 8))),))))),
+    wire.encode_message(wire.SubscribeNamespace(0, (b"a",) * 32, wire.Parameters())),
     subscribe(0),
 ], ids=["ranges", "tokens", "int-properties", "bytes-properties", "namespace", "prefix",
         "small"])
@@ -372,7 +351,7 @@ def test_costs_cover_what_the_session_keeps() -> None:
     n = 200
     s = server(max_requests=n)
     raw = [subscribe(2 * i) for i in range(2 * n)]
-    msg_cost = message_footprint(ControlStreamParser().feed(raw[0])[0])  # type: ignore[arg-type]
+    msg_cost = message_footprint(wire.ControlStreamParser().feed(raw[0])[0])  # type: ignore[arg-type]
     with traced() as used:
         for i in range(n):
             s.stream_data(request_stream(i), raw[i], False)
@@ -454,7 +433,7 @@ def test_a_session_flooded_every_way_stays_under_its_bound() -> None:
         for i in range(bidi // 3):
             s.stream_data(1 + 4 * i, subscribe(1 + 2 * i)[:7], False)
             s.datagram(b"\x00\x01\x02" * 30)
-        s.stream_data(3, encode_message(Setup(SetupOptions())), False)
+        s.stream_data(3, wire.encode_message(wire.Setup(wire.SetupOptions())), False)
         # one SUBSCRIBE of ours, pending: streams for unknown aliases are held
         s.subscribe(NS, b"pending")
         # request flood: small, big, unfinished; updates on the accepted ones
@@ -463,23 +442,24 @@ def test_a_session_flooded_every_way_stays_under_its_bound() -> None:
             if i % 3 == 0:
                 s.stream_data(sid, _big_subscribe(1 + 2 * i, ranges=3000), False)
             elif i % 3 == 1:
-                s.stream_data(sid, encode_vi64(3) + (65000).to_bytes(2, "big")
+                s.stream_data(sid, wire.encode_vi64(3) + (65000).to_bytes(2, "big")
                               + bytes(30_000), False)
             else:
                 s.stream_data(sid, subscribe(1 + 2 * i, b"%d" % i), False)
-                s.stream_data(sid, encode_message(RequestUpdate(1 + 2 * (bidi + i),
-                                                                Parameters())), False)
+                update = wire.RequestUpdate(1 + 2 * (bidi + i), wire.Parameters())
+                s.stream_data(sid, wire.encode_message(update), False)
         # data flood: held streams, huge objects, hanging headers, big properties
         for k in range(uni):
             sid = 3 + 4 * (k + 1)
             if k % 3 == 0:
                 s.stream_data(sid, _subgroup(50 + k, 0, [b"h" * 3000]), False)
             elif k % 3 == 1:
-                w = SubgroupWriter(SubgroupHeader(50 + k, 0, 0, None))
+                w = wire.SubgroupWriter(wire.SubgroupHeader(50 + k, 0, 0, None))
                 s.stream_data(sid, w.header_bytes() + w.object_prefix(0, 1 << 20) + b"x", False)
             else:
-                w = SubgroupWriter(SubgroupHeader(50 + k, 0, 0, None, has_properties=True))
-                s.stream_data(sid, w.header_bytes() + encode_vi64(0) + encode_vi64(4000)
+                header = wire.SubgroupHeader(50 + k, 0, 0, None, has_properties=True)
+                w = wire.SubgroupWriter(header)
+                s.stream_data(sid, w.header_bytes() + wire.encode_vi64(0) + wire.encode_vi64(4000)
                               + b"\x01" * 3000, False)
         s.actions()
         list(s.events())

@@ -10,41 +10,20 @@ from collections.abc import Callable
 import pytest
 
 from kvcs.moqt import events as ev
+from kvcs.moqt import wire
 from kvcs.moqt.actions import ResetStream, StopSending
 from kvcs.moqt.errors import SessionCode, StreamResetCode
 from kvcs.moqt.session import Session, SessionConfig
-from kvcs.moqt.wire import (
-    Fetch,
-    FetchOk,
-    FetchWriter,
-    GoAway,
-    Location,
-    Message,
-    NamespaceDone,
-    NamespaceMsg,
-    Parameters,
-    Publish,
-    PublishDone,
-    PublishNamespace,
-    PublishSkipped,
-    PublishStateNotify,
-    RequestError,
-    RequestOk,
-    RequestUpdate,
-    Setup,
-    SetupOptions,
-    SubgroupHeader,
-    SubgroupWriter,
-    Subscribe,
-    SubscribeNamespace,
-    SubscribeOk,
-    SubscribeTracks,
-    TrackStatus,
-    encode_message,
-    encode_vi64,
-)
 
-from .pair import Opener, Pair, close_codes, established, kinds, of_type, raw_server
+from .pair import (
+    Opener,
+    close_codes,
+    established,
+    kinds,
+    of_type,
+    raw_server,
+    subscribed,
+)
 from .test_request_table import K, accept, start
 
 PV = SessionCode.PROTOCOL_VIOLATION
@@ -58,8 +37,8 @@ PROPS = ((0x79, b"abc"),)  # a Track Property last: cutting a byte breaks it
 def _mutations(raw: bytes) -> dict[str, bytes]:
     """A well-formed framed message, spoiled three ways (the Length always matches the
     body actually sent, so the message is complete and must be rejected)."""
-    t_len = len(encode_vi64(int.from_bytes(raw[:1], "big") if raw[0] < 0x80
-                            else int.from_bytes(raw[:2], "big") & 0x3FFF))
+    t_len = len(wire.encode_vi64(int.from_bytes(raw[:1], "big") if raw[0] < 0x80
+                                 else int.from_bytes(raw[:2], "big") & 0x3FFF))
     mtype, body = raw[:t_len], raw[t_len + 2:]
 
     def frame(b: bytes) -> bytes:
@@ -102,52 +81,53 @@ def _answer_to(kind: K, accepted: bool) -> Inject:
     return inject
 
 
-SUB = encode_message(Subscribe(0, NS, b"t", Parameters()))
-CASES: list[tuple[str, Message, Inject]] = [
-    ("SETUP", Setup(SetupOptions(implementation="x/1")), _on_server_control),
-    ("GOAWAY", GoAway(b"", 5000), _after_setup_on(2)),
-    ("SUBSCRIBE", Subscribe(0, NS, b"t", Parameters(subscriber_priority=5)),
+SUB = wire.encode_message(wire.Subscribe(0, NS, b"t", wire.Parameters()))
+CASES: list[tuple[str, wire.Message, Inject]] = [
+    ("SETUP", wire.Setup(wire.SetupOptions(implementation="x/1")), _on_server_control),
+    ("GOAWAY", wire.GoAway(b"", 5000), _after_setup_on(2)),
+    ("SUBSCRIBE", wire.Subscribe(0, NS, b"t", wire.Parameters(subscriber_priority=5)),
      _after_setup_on(0)),
-    ("FETCH", Fetch(0, NS, b"t", Parameters(subscriber_priority=5)), _after_setup_on(0)),
-    ("TRACK_STATUS", TrackStatus(0, NS, b"t", Parameters(include_properties=1)),
+    ("FETCH", wire.Fetch(0, NS, b"t", wire.Parameters(subscriber_priority=5)), _after_setup_on(0)),
+    ("TRACK_STATUS", wire.TrackStatus(0, NS, b"t", wire.Parameters(include_properties=1)),
      _after_setup_on(0)),
-    ("PUBLISH", Publish(0, NS, b"t", 1, Parameters(), PROPS), _after_setup_on(0)),
-    ("PUBLISH_NAMESPACE", PublishNamespace(0, NS, Parameters(subscriber_priority=None)),
+    ("PUBLISH", wire.Publish(0, NS, b"t", 1, wire.Parameters(), PROPS), _after_setup_on(0)),
+    ("PUBLISH_NAMESPACE", wire.PublishNamespace(0, NS, wire.Parameters(subscriber_priority=None)),
      _after_setup_on(0)),
-    ("SUBSCRIBE_NAMESPACE", SubscribeNamespace(0, NS, Parameters()), _after_setup_on(0)),
-    ("SUBSCRIBE_TRACKS", SubscribeTracks(0, NS, Parameters(forward=1)), _after_setup_on(0)),
-    ("REQUEST_UPDATE", RequestUpdate(2, Parameters(subscriber_priority=3)),
+    ("SUBSCRIBE_NAMESPACE", wire.SubscribeNamespace(0, NS, wire.Parameters()), _after_setup_on(0)),
+    ("SUBSCRIBE_TRACKS", wire.SubscribeTracks(0, NS, wire.Parameters(forward=1)),
+     _after_setup_on(0)),
+    ("REQUEST_UPDATE", wire.RequestUpdate(2, wire.Parameters(subscriber_priority=3)),
      _after_setup_on(0, SUB)),
-    ("SUBSCRIBE_OK", SubscribeOk(1, Parameters(), PROPS), _answer_to(K.SUBSCRIBE, False)),
-    ("FETCH_OK", FetchOk(False, Location(3, 300), Parameters(), PROPS),
+    ("SUBSCRIBE_OK", wire.SubscribeOk(1, wire.Parameters(), PROPS), _answer_to(K.SUBSCRIBE, False)),
+    ("FETCH_OK", wire.FetchOk(False, wire.Location(3, 300), wire.Parameters(), PROPS),
      _answer_to(K.FETCH, False)),
-    ("REQUEST_OK", RequestOk(Parameters(), PROPS), _answer_to(K.TRACK_STATUS, False)),
-    ("REQUEST_ERROR", RequestError(0x10, 0, "no such track"),
+    ("REQUEST_OK", wire.RequestOk(wire.Parameters(), PROPS), _answer_to(K.TRACK_STATUS, False)),
+    ("REQUEST_ERROR", wire.RequestError(0x10, 0, "no such track"),
      _answer_to(K.TRACK_STATUS, False)),
-    ("PUBLISH_DONE", PublishDone(2, 0, "done"), _answer_to(K.SUBSCRIBE, True)),
-    ("PUBLISH_STATE_NOTIFY", PublishStateNotify(Parameters(forward=1)),
+    ("PUBLISH_DONE", wire.PublishDone(2, 0, "done"), _answer_to(K.SUBSCRIBE, True)),
+    ("PUBLISH_STATE_NOTIFY", wire.PublishStateNotify(wire.Parameters(forward=1)),
      _answer_to(K.SUBSCRIBE, True)),
-    ("NAMESPACE", NamespaceMsg((b"abc",)), _answer_to(K.SUBSCRIBE_NAMESPACE, True)),
-    ("NAMESPACE_DONE", NamespaceDone((b"abc",)), _answer_to(K.SUBSCRIBE_NAMESPACE, True)),
-    ("PUBLISH_SKIPPED", PublishSkipped((b"abc",), b"name"),
+    ("NAMESPACE", wire.NamespaceMsg((b"abc",)), _answer_to(K.SUBSCRIBE_NAMESPACE, True)),
+    ("NAMESPACE_DONE", wire.NamespaceDone((b"abc",)), _answer_to(K.SUBSCRIBE_NAMESPACE, True)),
+    ("PUBLISH_SKIPPED", wire.PublishSkipped((b"abc",), b"name"),
      _answer_to(K.SUBSCRIBE_TRACKS, True)),
 ]
 
 
 @pytest.mark.parametrize(("name", "msg", "inject"), CASES, ids=[c[0] for c in CASES])
-def test_each_control_message_kind_well_formed_is_accepted(name: str, msg: Message,
+def test_each_control_message_kind_well_formed_is_accepted(name: str, msg: wire.Message,
                                                            inject: Inject) -> None:
     """The context is right: the unspoiled message does not close the session (except
     NAMESPACE_DONE, whose NAMESPACE never came)."""
-    _s, acts = inject(encode_message(msg))
+    _s, acts = inject(wire.encode_message(msg))
     assert close_codes(acts) == ([PV] if name == "NAMESPACE_DONE" else []), name
 
 
 @pytest.mark.parametrize("how", ["truncated", "trailing", "bad-vi64"])
 @pytest.mark.parametrize(("name", "msg", "inject"), CASES, ids=[c[0] for c in CASES])
 def test_each_control_message_kind_malformed_closes_with_protocol_violation(
-        name: str, msg: Message, inject: Inject, how: str) -> None:
-    s, acts = inject(_mutations(encode_message(msg))[how])
+        name: str, msg: wire.Message, inject: Inject, how: str) -> None:
+    s, acts = inject(_mutations(wire.encode_message(msg))[how])
     assert close_codes(acts) == [PV], (name, how)
     assert s.is_closed and s.closed is not None and s.closed[0] == PV
 
@@ -163,27 +143,29 @@ def test_oversized_names_close_with_protocol_violation(what: str, ns_fields: lis
                                                        name: bytes) -> None:
     """The digest's namespace limits (3.6), written out byte by byte."""
     def field(b: bytes) -> bytes:
-        return encode_vi64(len(b)) + b
+        return wire.encode_vi64(len(b)) + b
 
-    body = (b"\x00" + encode_vi64(len(ns_fields)) + b"".join(field(f) for f in ns_fields)
+    body = (b"\x00" + wire.encode_vi64(len(ns_fields)) + b"".join(field(f) for f in ns_fields)
             + field(name) + b"\x00")
     s, _ = raw_server()
-    s.stream_data(0, encode_vi64(Subscribe.TYPE) + len(body).to_bytes(2, "big") + body, False)
+    framed = wire.encode_vi64(wire.Subscribe.TYPE) + len(body).to_bytes(2, "big") + body
+    s.stream_data(0, framed, False)
     assert close_codes(s.actions()) == [PV], what
 
 
 def test_oversized_reason_and_goaway_uri_close_with_protocol_violation() -> None:
     p = established()
     rid = start(p, K.TRACK_STATUS)
-    body = encode_vi64(0x10) + b"\x00" + encode_vi64(1025) + b"r" * 1025
+    body = wire.encode_vi64(0x10) + b"\x00" + wire.encode_vi64(1025) + b"r" * 1025
     p.client.stream_data(p.client.subscription_info(rid).stream_id,
-                         encode_vi64(RequestError.TYPE) + len(body).to_bytes(2, "big") + body,
-                         False)
+                         wire.encode_vi64(wire.RequestError.TYPE) + len(body).to_bytes(2, "big")
+                         + body, False)
     assert close_codes(p.client.actions()) == [PV]
     c = Session(SessionConfig(is_client=True), Opener(True))
-    c.stream_data(3, encode_message(Setup(SetupOptions())), False)
-    body = encode_vi64(8193) + b"u" * 8193 + b"\x00"
-    c.stream_data(3, encode_vi64(GoAway.TYPE) + len(body).to_bytes(2, "big") + body, False)
+    c.stream_data(3, wire.encode_message(wire.Setup(wire.SetupOptions())), False)
+    body = wire.encode_vi64(8193) + b"u" * 8193 + b"\x00"
+    framed = wire.encode_vi64(wire.GoAway.TYPE) + len(body).to_bytes(2, "big") + body
+    c.stream_data(3, framed, False)
     assert close_codes(c.actions()) == [PV]
 
 
@@ -192,10 +174,10 @@ def test_oversized_reason_and_goaway_uri_close_with_protocol_violation() -> None
 
 @pytest.mark.parametrize(("what", "stream_id", "raw", "code"), [
     ("a control message type as a uni stream type", 6, b"\x03\x00\x00", PV),
-    ("a reserved uni stream type", 6, encode_vi64(0x2F01) + b"\x00", PV),
+    ("a reserved uni stream type", 6, wire.encode_vi64(0x2F01) + b"\x00", PV),
     ("a subgroup header on a request stream", 0, b"\x10\x00\x02\x00\x00", PV),  # GOAWAY
     ("a fetch header on a request stream", 0, b"\x05\x00\x00", PV),  # = REQUEST_ERROR
-    ("a second control stream", 6, encode_message(Setup(SetupOptions())), PV),
+    ("a second control stream", 6, wire.encode_message(wire.Setup(wire.SetupOptions())), PV),
     ("data on our own uni stream", 7, b"\x30\x00\x00", PV),
 ])
 def test_wrong_stream_types(what: str, stream_id: int, raw: bytes, code: int) -> None:
@@ -206,8 +188,8 @@ def test_wrong_stream_types(what: str, stream_id: int, raw: bytes, code: int) ->
 
 def test_padding_stream_and_datagram_are_ignored() -> None:
     s, _ = raw_server()
-    s.stream_data(6, encode_vi64(0x132B3E28) + bytes(500), True)
-    s.datagram(encode_vi64(0x132B3E29) + bytes(100))
+    s.stream_data(6, wire.encode_vi64(0x132B3E28) + bytes(500), True)
+    s.datagram(wire.encode_vi64(0x132B3E29) + bytes(100))
     assert s.actions() == [] and not s.is_closed
 
 
@@ -224,7 +206,7 @@ def test_fetch_stream_naming_a_request_we_answer_is_abandoned() -> None:
     """A FETCH_HEADER naming the peer's own SUBSCRIBE (we publish it): not ours to
     receive. The stream is stopped, the session and the request go on."""
     s, _ = raw_server()
-    s.stream_data(0, encode_message(Subscribe(0, NS, b"t", Parameters())), False)
+    s.stream_data(0, wire.encode_message(wire.Subscribe(0, NS, b"t", wire.Parameters())), False)
     list(s.events())
     s.stream_data(6, b"\x05\x00\x1c\x00\x00\x80\x01x", False)
     acts = s.actions()
@@ -235,22 +217,12 @@ def test_fetch_stream_naming_a_request_we_answer_is_abandoned() -> None:
 # ------------------------------------------------------------ malformed tracks
 
 
-def _subscription(p: Pair) -> tuple[int, int]:
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    alias = p.server.subscribe_ok(rid)
-    p.pump()
-    p.events(p.client)
-    return rid, alias
-
-
 @pytest.mark.parametrize("final_status", [3, 4], ids=["end-of-group", "end-of-track"])
 def test_object_beyond_end_of_group_cancels_the_subscription(final_status: int) -> None:
     p = established()
-    rid, alias = _subscription(p)
-    other, other_alias = _subscription(p)
-    w = SubgroupWriter(SubgroupHeader(alias, 0, 0, None))
+    rid, alias = subscribed(p, NS)
+    other, other_alias = subscribed(p, NS)
+    w = wire.SubgroupWriter(wire.SubgroupHeader(alias, 0, 0, None))
     raw = (w.header_bytes() + w.object_prefix(0, 4) + b"good"
            + w.object_prefix(1, 0, status=final_status) + w.object_prefix(2, 3) + b"bad")
     c = p.client
@@ -266,7 +238,7 @@ def test_object_beyond_end_of_group_cancels_the_subscription(final_status: int) 
     assert evs[2].request_id == rid and evs[2].code == MALFORMED
     assert not c.has_request(rid) and not c.is_closed
     # only the offender is cut off: the other subscription still delivers
-    w2 = SubgroupWriter(SubgroupHeader(other_alias, 0, 0, None))
+    w2 = wire.SubgroupWriter(wire.SubgroupHeader(other_alias, 0, 0, None))
     c.stream_data(1007, w2.header_bytes() + w2.object_prefix(0, 2) + b"ok", True)
     objs = of_type(list(c.events()), ev.ObjectReceived)
     assert [(o.request_id, bytes(o.record.payload)) for o in objs] == [(other, b"ok")]
@@ -277,10 +249,10 @@ def test_repeated_fetch_object_fails_the_fetch() -> None:
     rid = p.client.fetch(NS, b"t")
     p.pump()
     p.events(p.server)
-    p.server.fetch_ok(rid, Location(0, 9))
+    p.server.fetch_ok(rid, wire.Location(0, 9))
     p.pump()
     p.events(p.client)
-    w = FetchWriter(rid)
+    w = wire.FetchWriter(rid)
     raw = w.header_bytes() + w.object_prefix(0, 0, 4, 128, 1) + b"a"
     raw += b"\x04\x00\x01b"  # same group, Object ID delta 0: object 4 again
     p.client.stream_data(1003, raw, True)
@@ -300,7 +272,7 @@ def test_malformed_track_of_a_publish_we_receive() -> None:
     p.events(p.client)
     p.client.request_ok(rid)
     p.pump()
-    w = SubgroupWriter(SubgroupHeader(4, 0, 0, None))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(4, 0, 0, None))
     raw = w.header_bytes() + w.object_prefix(0, 0, status=4) + w.object_prefix(1, 1) + b"x"
     p.client.stream_data(1003, raw, False)
     evs = list(p.client.events())
@@ -316,7 +288,7 @@ def test_malformed_stream_that_overtook_subscribe_ok() -> None:
     rid = p.client.subscribe(NS, b"t")
     p.pump()
     p.events(p.server)
-    w = SubgroupWriter(SubgroupHeader(9, 0, 0, None))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(9, 0, 0, None))
     raw = w.header_bytes() + w.object_prefix(0, 0, status=3) + w.object_prefix(1, 1) + b"x"
     p.client.stream_data(1003, raw, False)
     assert p.client.actions() == [StopSending(1003, MALFORMED)]
@@ -335,7 +307,7 @@ def test_held_stream_stopped_over_the_limit_still_counts_for_publish_done() -> N
     rid = p.client.subscribe(NS, b"t")
     p.pump()
     p.events(p.server)
-    w = SubgroupWriter(SubgroupHeader(9, 0, 0, None))
+    w = wire.SubgroupWriter(wire.SubgroupHeader(9, 0, 0, None))
     p.client.stream_data(1003, w.header_bytes() + w.object_prefix(0, 5000) + b"x", False)
     assert p.client.actions() == [StopSending(1003, StreamResetCode.EXCESSIVE_LOAD)]
     p.server.subscribe_ok(rid, track_alias=9)
@@ -343,9 +315,8 @@ def test_held_stream_stopped_over_the_limit_still_counts_for_publish_done() -> N
     (end,) = of_type(list(p.client.events()), ev.DataStreamEnded)
     assert end.reset_code == StreamResetCode.EXCESSIVE_LOAD
     # the server counts one stream it opened (here: the one above)
-    from kvcs.moqt.wire import PublishDone
     sid = p.client.subscription_info(rid).stream_id
-    p.client.stream_data(sid, encode_message(PublishDone(2, 1, "")), True)
+    p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 1, "")), True)
     assert "SubscriptionEnded" in kinds(list(p.client.events()))
     p.pump()
     assert not p.client.has_request(rid) and p.client.usage.data_bytes == 0

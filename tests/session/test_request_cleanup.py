@@ -16,6 +16,22 @@ from .pair import Pair, established, kinds, of_type
 NS = (b"kv", b"fetch")
 
 
+def _fetch_received(p: Pair) -> int:
+    """The client sends FETCH and the server has it (its events drained); the Request ID."""
+    rid = p.client.fetch(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    return rid
+
+
+def _fetch_stream_opened(p: Pair, end: Location) -> tuple[int, int]:
+    """A FETCH the server answers with FETCH_OK (End Location ``end``) and whose fetch
+    stream it opens; (request id, stream id)."""
+    rid = _fetch_received(p)
+    p.server.fetch_ok(rid, end)
+    return rid, p.server.open_fetch_stream(rid)
+
+
 def _serve_fetch(p: Pair, rid: int, payload: bytes, *, ok_first: bool = True) -> None:
     """The server answers FETCH ``rid`` with FETCH_OK and one object, then FINs."""
     if ok_first:
@@ -56,9 +72,7 @@ def test_ten_thousand_sequential_fetches_leave_no_request_state() -> None:
 @pytest.mark.parametrize("ok_first", [True, False])
 def test_fetch_ends_whichever_of_fetch_ok_and_stream_end_comes_first(ok_first: bool) -> None:
     p = established()
-    rid = p.client.fetch(NS, b"t")
-    p.pump()
-    p.events(p.server)
+    rid = _fetch_received(p)
     _serve_fetch(p, rid, b"x", ok_first=ok_first)
     p.pump()
     assert set(kinds(p.events(p.client))) == {"FetchAccepted", "ObjectReceived",
@@ -74,11 +88,7 @@ def test_fetch_stream_overtaking_fetch_ok_on_the_wire() -> None:
     """The fetch stream (and its FIN) reaches the requester before FETCH_OK: the request
     lives until FETCH_OK is in, then both ends forget it."""
     p = established()
-    rid = p.client.fetch(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    p.server.fetch_ok(rid, Location(0, 0))
-    sid = p.server.open_fetch_stream(rid)
+    rid, sid = _fetch_stream_opened(p, Location(0, 0))
     p.server.write_fetch_object(sid, 0, 0, 0, 128, b"x")
     p.server.end_data_stream(sid)
     acts = [a for a in p.server.actions() if isinstance(a, SendStreamData)]
@@ -101,9 +111,7 @@ def test_request_fin_overtaking_the_fetch_stream() -> None:
     (streams are not ordered): the request stays until its fetch stream has ended (digest
     8.4), so the stream is still attributed to it."""
     p = established()
-    rid = p.client.fetch(NS, b"t")
-    p.pump()
-    p.events(p.server)
+    rid = _fetch_received(p)
     _serve_fetch(p, rid, b"late")
     acts = [a for a in p.server.actions() if isinstance(a, SendStreamData)]
     for a in sorted(acts, key=lambda a: a.stream_id != 0):  # the request stream first
@@ -118,11 +126,7 @@ def test_request_fin_overtaking_the_fetch_stream() -> None:
 
 def test_fetch_stream_reset_ends_the_fetch() -> None:
     p = established()
-    rid = p.client.fetch(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    p.server.fetch_ok(rid, Location(0, 5))
-    sid = p.server.open_fetch_stream(rid)
+    _, sid = _fetch_stream_opened(p, Location(0, 5))
     p.server.reset_data_stream(sid, StreamResetCode.INTERNAL_ERROR)
     p.pump()
     (end,) = of_type(p.events(p.client), ev.DataStreamEnded)
@@ -134,11 +138,7 @@ def test_fetch_cancelled_by_stop_sending_on_its_data_stream() -> None:
     """The requester stops the fetch stream (digest 8.3): the responder resets it and the
     request ends on both ends."""
     p = established()
-    rid = p.client.fetch(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    p.server.fetch_ok(rid, Location(0, 5))
-    sid = p.server.open_fetch_stream(rid)
+    _, sid = _fetch_stream_opened(p, Location(0, 5))
     p.pump()
     p.server.stop_sending(sid, StreamResetCode.CANCELLED)
     p.pump()

@@ -16,28 +16,10 @@ from collections.abc import Callable
 import pytest
 
 from kvcs.moqt import events as ev
+from kvcs.moqt import wire
 from kvcs.moqt.errors import SessionCode, SessionUsageError
 from kvcs.moqt.requests import TRANSITIONS, RequestKind, RequestState, Side
 from kvcs.moqt.session import Session
-from kvcs.moqt.wire import (
-    FetchOk,
-    GoAway,
-    Location,
-    Message,
-    NamespaceDone,
-    NamespaceMsg,
-    ObjectRecord,
-    Parameters,
-    PublishDone,
-    PublishSkipped,
-    PublishStateNotify,
-    RequestError,
-    RequestOk,
-    RequestUpdate,
-    Subscribe,
-    SubscribeOk,
-    encode_message,
-)
 
 from .pair import Pair, close_codes, established, kinds
 
@@ -47,20 +29,21 @@ K = RequestKind
 
 # --------------------------------------------------------------------- the messages
 
-MESSAGES: dict[str, Callable[[int], list[Message]]] = {
-    "GOAWAY": lambda uid: [GoAway(b"", 0)],
-    "REQUEST_UPDATE": lambda uid: [RequestUpdate(uid, Parameters())],
-    "REQUEST_OK": lambda uid: [RequestOk(Parameters(), ())],
-    "REQUEST_ERROR": lambda uid: [RequestError(0x10, 0, "no")],
-    "SUBSCRIBE_OK": lambda uid: [SubscribeOk(7, Parameters(), ())],
-    "FETCH_OK": lambda uid: [FetchOk(False, Location(0, 0), Parameters(), ())],
-    "PUBLISH_DONE": lambda uid: [PublishDone(2, 0, "")],
-    "PUBLISH_STATE_NOTIFY": lambda uid: [PublishStateNotify(Parameters())],
-    "NAMESPACE": lambda uid: [NamespaceMsg((b"x",))],
+MESSAGES: dict[str, Callable[[int], list[wire.Message]]] = {
+    "GOAWAY": lambda uid: [wire.GoAway(b"", 0)],
+    "REQUEST_UPDATE": lambda uid: [wire.RequestUpdate(uid, wire.Parameters())],
+    "REQUEST_OK": lambda uid: [wire.RequestOk(wire.Parameters(), ())],
+    "REQUEST_ERROR": lambda uid: [wire.RequestError(0x10, 0, "no")],
+    "SUBSCRIBE_OK": lambda uid: [wire.SubscribeOk(7, wire.Parameters(), ())],
+    "FETCH_OK": lambda uid: [wire.FetchOk(False, wire.Location(0, 0), wire.Parameters(), ())],
+    "PUBLISH_DONE": lambda uid: [wire.PublishDone(2, 0, "")],
+    "PUBLISH_STATE_NOTIFY": lambda uid: [wire.PublishStateNotify(wire.Parameters())],
+    "NAMESPACE": lambda uid: [wire.NamespaceMsg((b"x",))],
     # NAMESPACE_DONE is only valid after its NAMESPACE
-    "NAMESPACE_DONE": lambda uid: [NamespaceMsg((b"x",)), NamespaceDone((b"x",))],
-    "PUBLISH_SKIPPED": lambda uid: [PublishSkipped((b"x",), b"t")],
-    "SUBSCRIBE": lambda uid: [Subscribe(uid, NS, b"t", Parameters())],  # starts requests only
+    "NAMESPACE_DONE": lambda uid: [wire.NamespaceMsg((b"x",)), wire.NamespaceDone((b"x",))],
+    "PUBLISH_SKIPPED": lambda uid: [wire.PublishSkipped((b"x",), b"t")],
+    # SUBSCRIBE starts requests only
+    "SUBSCRIBE": lambda uid: [wire.Subscribe(uid, NS, b"t", wire.Parameters())],
 }
 
 # What the digest allows the peer to send, by kind and the peer side's situation.
@@ -119,7 +102,7 @@ def accept(p: Pair, kind: RequestKind, rid: int) -> None:
     if kind is K.SUBSCRIBE:
         p.server.subscribe_ok(rid)
     elif kind is K.FETCH:
-        p.server.fetch_ok(rid, Location(0, 0))
+        p.server.fetch_ok(rid, wire.Location(0, 0))
     else:
         p.server.request_ok(rid)
     p.pump()
@@ -130,7 +113,7 @@ def inject(receiver: Session, stream_id: int, name: str, update_id: int) -> list
     """Feed the message(s) for ``name`` to ``receiver`` as if from its peer; returns the
     receiver's actions."""
     for msg in MESSAGES[name](update_id):
-        receiver.stream_data(stream_id, encode_message(msg), False)
+        receiver.stream_data(stream_id, wire.encode_message(msg), False)
     return receiver.actions()
 
 
@@ -163,7 +146,7 @@ def test_responder_accepted(kind: RequestKind, name: str) -> None:
     rid = start(p, kind)
     accept(p, kind, rid)
     if kind in UPDATABLE_BY_REQUESTER:  # so that an answer to an update can be valid
-        p.client.request_update(rid, Parameters())
+        p.client.request_update(rid, wire.Parameters())
         p.pump()
     sid = p.client.subscription_info(rid).stream_id
     check(inject(p.client, sid, name, 101), name in RESPONDER_ACCEPTED[kind],
@@ -192,7 +175,7 @@ def test_requester(kind: RequestKind, name: str) -> None:
     rid = start(p, kind)
     if kind is K.PUBLISH:  # the server subscribes and updates: the publisher answers
         p.server.request_ok(rid)
-        p.server.request_update(rid, Parameters(forward=0))
+        p.server.request_update(rid, wire.Parameters(forward=0))
         p.pump()
         p.events(p.client)
     sid = p.server.subscription_info(rid).stream_id
@@ -224,7 +207,7 @@ def test_table_rows_cover_every_kind_and_live_state() -> None:
         assert (kind, Side.REQUESTER, RequestState.REQUESTED) in TRANSITIONS
         assert (kind, Side.RESPONDER, RequestState.UNANSWERED) in TRANSITIONS
     for (_, _, state), allowed in TRANSITIONS.items():
-        assert state is not RequestState.DONE and GoAway in allowed
+        assert state is not RequestState.DONE and wire.GoAway in allowed
 
 
 # -------------------------------------------------------------- messages that cross
@@ -237,7 +220,7 @@ def test_update_crossing_publish_done_is_dropped() -> None:
     rid = start(p, K.SUBSCRIBE)
     accept(p, K.SUBSCRIBE, rid)
     p.server.publish_done(rid, 2)
-    p.client.request_update(rid, Parameters(subscriber_priority=1))
+    p.client.request_update(rid, wire.Parameters(subscriber_priority=1))
     p.pump()
     assert not p.closed
     assert [e for e in p.events(p.server) if isinstance(e, ev.UpdateReceived)] == []
@@ -278,7 +261,7 @@ def test_answers_to_our_own_request_are_refused() -> None:
 def test_answers_of_the_wrong_kind_are_refused() -> None:
     p = established()
     sub, fetch = start(p, K.SUBSCRIBE), start(p, K.FETCH)
-    _usage_error(p, lambda: p.server.fetch_ok(sub, Location(0, 0)))
+    _usage_error(p, lambda: p.server.fetch_ok(sub, wire.Location(0, 0)))
     _usage_error(p, lambda: p.server.subscribe_ok(fetch))
     _usage_error(p, lambda: p.server.request_ok(sub))  # SUBSCRIBE needs SUBSCRIBE_OK
     _usage_error(p, lambda: p.server.namespace(sub, NS))
@@ -295,14 +278,14 @@ def test_second_answer_is_refused() -> None:
     _usage_error(p, lambda: p.server.subscribe_ok(rid))
     _usage_error(p, lambda: p.server.request_error(rid, 0x10))  # use publish_done
     p.server.publish_done(rid, 2)
-    _usage_error(p, lambda: p.server.publish_state_notify(rid, Parameters()))
+    _usage_error(p, lambda: p.server.publish_state_notify(rid, wire.Parameters()))
 
 
 def test_objects_on_the_wrong_stream_kind_are_refused() -> None:
     p = established()
     sub, fetch = start(p, K.SUBSCRIBE), start(p, K.FETCH)
     p.server.subscribe_ok(sub)
-    p.server.fetch_ok(fetch, Location(0, 0))
+    p.server.fetch_ok(fetch, wire.Location(0, 0))
     subgroup, fetch_stream = p.server.open_subgroup(sub, 0), p.server.open_fetch_stream(fetch)
     _usage_error(p, lambda: p.server.write_object(fetch_stream, 0, b"x"))
     _usage_error(p, lambda: p.server.write_fetch_object(subgroup, 0, 0, 0, 128, b"x"))
@@ -312,12 +295,12 @@ def test_objects_on_the_wrong_stream_kind_are_refused() -> None:
 def test_updates_and_their_answers_are_checked() -> None:
     p = established()
     ts, sub = start(p, K.TRACK_STATUS), start(p, K.SUBSCRIBE)
-    _usage_error(p, lambda: p.client.request_update(ts, Parameters()))
-    _usage_error(p, lambda: p.server.request_update(sub, Parameters()))  # not the requester
+    _usage_error(p, lambda: p.client.request_update(ts, wire.Parameters()))
+    _usage_error(p, lambda: p.server.request_update(sub, wire.Parameters()))  # not the requester
     _usage_error(p, lambda: p.server.request_ok(sub, update_id=4))  # before the answer
     p.server.subscribe_ok(sub)
     _usage_error(p, lambda: p.server.request_ok(sub, update_id=99))  # no such update
-    uid = p.client.request_update(sub, Parameters())
+    uid = p.client.request_update(sub, wire.Parameters())
     p.pump()
     p.server.request_ok(sub, update_id=uid)
     _usage_error(p, lambda: p.server.request_ok(sub, update_id=uid))  # answered already
@@ -332,7 +315,7 @@ def test_unknown_and_forgotten_requests_are_refused() -> None:
     assert not p.server.has_request(rid) and not p.client.has_request(rid)
     _usage_error(p, lambda: p.server.request_ok(rid))
     _usage_error(p, lambda: p.client.subscription_info(rid))
-    _usage_error(p, lambda: p.server.send_datagram(rid, ObjectRecord(0, 0, 0, 128, 0, (),
+    _usage_error(p, lambda: p.server.send_datagram(rid, wire.ObjectRecord(0, 0, 0, 128, 0, (),
                                                                         b"x")))
 
 
@@ -340,7 +323,7 @@ def test_nothing_after_our_fin() -> None:
     p = established()
     rid = start(p, K.SUBSCRIBE)
     p.client.finish_request(rid)  # no more updates from us
-    _usage_error(p, lambda: p.client.request_update(rid, Parameters()))
+    _usage_error(p, lambda: p.client.request_update(rid, wire.Parameters()))
     p.pump()
     assert p.events(p.server) == [] and not p.closed  # a requester's FIN is no cancel
 

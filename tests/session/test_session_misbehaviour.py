@@ -3,6 +3,8 @@ session close code the digest names, and nothing already delivered is lost."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvcs.moqt import events as ev
 from kvcs.moqt.actions import CloseSession, SendStreamData, StopSending
 from kvcs.moqt.errors import SessionCode, StreamResetCode
@@ -40,54 +42,24 @@ def _closed_with(actions: list, code: int) -> None:
 # --------------------------------------------------------------------- control stream
 
 
-def test_unknown_message_type_on_control_stream() -> None:
+@pytest.mark.parametrize(("stream_id", "data", "fin"), [
+    (2, b"\x7e\x00\x00", False),
+    (0, b"\x7e\x00\x00", False),
+    (0, _subscribe(0) + b"\x7e\x00\x00", False),
+    (2, SETUP, False),
+    (6, SETUP, False),
+    (2, _subscribe(0), False),
+    (2, encode_message(GoAway(b"", 5000))[:-1], True),
+    (2, b"", True),
+], ids=["unknown-type-on-control-stream", "unknown-type-on-request-stream",
+        "unknown-type-after-a-request", "second-setup", "second-control-stream",
+        "request-message-on-control-stream", "truncated-control-message-then-fin",
+        "control-stream-fin"])
+def test_control_stream_violation(stream_id: int, data: bytes, fin: bool) -> None:
     s, _ = raw_server()
-    s.stream_data(2, b"\x7e\x00\x00", False)
+    s.stream_data(stream_id, data, fin)
     _closed_with(s.actions(), PV)
     assert s.is_closed
-
-
-def test_unknown_message_type_on_request_stream() -> None:
-    s, _ = raw_server()
-    s.stream_data(0, b"\x7e\x00\x00", False)
-    _closed_with(s.actions(), PV)
-
-
-def test_unknown_message_type_after_a_request() -> None:
-    s, _ = raw_server()
-    s.stream_data(0, _subscribe(0) + b"\x7e\x00\x00", False)
-    _closed_with(s.actions(), PV)
-
-
-def test_second_setup() -> None:
-    s, _ = raw_server()
-    s.stream_data(2, SETUP, False)
-    _closed_with(s.actions(), PV)
-
-
-def test_second_control_stream() -> None:
-    s, _ = raw_server()
-    s.stream_data(6, SETUP, False)
-    _closed_with(s.actions(), PV)
-
-
-def test_request_message_on_control_stream() -> None:
-    s, _ = raw_server()
-    s.stream_data(2, _subscribe(0), False)
-    _closed_with(s.actions(), PV)
-
-
-def test_truncated_control_message_then_fin() -> None:
-    s, _ = raw_server()
-    goaway = encode_message(GoAway(b"", 5000))
-    s.stream_data(2, goaway[:-1], True)
-    _closed_with(s.actions(), PV)
-
-
-def test_control_stream_fin() -> None:
-    s, _ = raw_server()
-    s.stream_data(2, b"", True)
-    _closed_with(s.actions(), PV)
 
 
 def test_control_stream_reset() -> None:

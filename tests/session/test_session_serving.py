@@ -6,30 +6,30 @@ from __future__ import annotations
 import pytest
 
 from kvcs.moqt import events as ev
+from kvcs.moqt import wire
 from kvcs.moqt.actions import SetStreamPriority
 from kvcs.moqt.errors import PublishDoneCode, RequestErrorCode, StreamResetCode
 from kvcs.moqt.serving import TrackServer
 from kvcs.moqt.session import SessionConfig
 from kvcs.moqt.track import CachedObject, Track
-from kvcs.moqt.wire import (
-    GroupOrder,
-    Location,
-    LocationFilter,
-    ObjectStatus,
-    Parameters,
-    RangeFilter,
-    Subscribe,
-)
 
 from .pair import Pair, established, of_type
 
 NS = (b"kv", b"s")
-L = Location
+L = wire.Location
 
 
 def _obj(g: int, o: int, sg: int = 0, prio: int = 10, status: int = 0) -> CachedObject:
     payload = b"" if status else f"{g}/{o}".encode() * 3
     return CachedObject(g, o, sg, prio, status, (), payload)
+
+
+def _track_with_hole() -> Track:
+    """A relay-like (non-origin) track holding 0/0 and 0/2: a fill waits at the hole 0/1."""
+    track = Track(NS, b"t")
+    track.add(_obj(0, 0))
+    track.add(_obj(0, 2))
+    return track
 
 
 def _fill(track: Track, groups: range, objects: int = 4) -> None:
@@ -47,6 +47,13 @@ class Served:
         self.track = track if track is not None else Track(NS, b"t", origin=True)
         self.server = TrackServer(self.p.server)
 
+    def subscribe_joining(self) -> int:
+        """SUBSCRIBE as a late joiner: live from the next object, plus a fill of all the
+        track holds before it; returns the Request ID."""
+        return self.p.client.subscribe(NS, b"t", wire.Parameters(
+            location_filter=wire.LocationFilter.next_object(),
+            fill=wire.Parameters(location_filter=wire.LocationFilter.none())))
+
     def run(self) -> list:
         """Pump until quiet, letting the TrackServer answer; return client events."""
         out: list = []
@@ -58,7 +65,7 @@ class Served:
                     continue
                 if isinstance(e, ev.RequestReceived):
                     m = e.message
-                    if isinstance(m, Subscribe):
+                    if isinstance(m, wire.Subscribe):
                         self.server.serve_subscribe(e.request_id, m, self.track)
                     else:
                         self.server.serve_fetch(e.request_id, m, self.track)  # type: ignore
@@ -75,7 +82,7 @@ class Served:
         return self.run()
 
 
-def locs(evs: list) -> list[Location]:
+def locs(evs: list) -> list[wire.Location]:
     return [e.location for e in of_type(evs, ev.ObjectReceived)]
 
 
@@ -86,23 +93,23 @@ def locs(evs: list) -> list[Location]:
     ("lf", "expected"),
     [
         (None, [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
-        (LocationFilter.none(), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
-        (LocationFilter.next_object(), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
-        (LocationFilter.relative_start(0), [L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
-        (LocationFilter.relative_start(1), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0),
-                                            L(3, 1)]),
-        (LocationFilter.absolute_start(2, 1), [L(2, 1), L(3, 0), L(3, 1)]),
-        (LocationFilter.absolute_group_end(1, 3, 1), [L(1, 3), L(2, 0), L(2, 1)]),
-        (LocationFilter.absolute_range(2, 0, 1, 0), [L(2, 0), L(2, 1), L(3, 0)]),
+        (wire.LocationFilter.none(), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
+        (wire.LocationFilter.next_object(), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
+        (wire.LocationFilter.relative_start(0), [L(2, 0), L(2, 1), L(3, 0), L(3, 1)]),
+        (wire.LocationFilter.relative_start(1), [L(1, 2), L(1, 3), L(2, 0), L(2, 1), L(3, 0),
+                                                 L(3, 1)]),
+        (wire.LocationFilter.absolute_start(2, 1), [L(2, 1), L(3, 0), L(3, 1)]),
+        (wire.LocationFilter.absolute_group_end(1, 3, 1), [L(1, 3), L(2, 0), L(2, 1)]),
+        (wire.LocationFilter.absolute_range(2, 0, 1, 0), [L(2, 0), L(2, 1), L(3, 0)]),
     ],
 )
-def test_location_filter_types_on_live_objects(lf: LocationFilter | None,
-                                               expected: list[Location]) -> None:
+def test_location_filter_types_on_live_objects(lf: wire.LocationFilter | None,
+                                               expected: list[wire.Location]) -> None:
     s = Served()
     _fill(s.track, range(1), 4)
     s.track.add(_obj(1, 0))
     s.track.add(_obj(1, 1))  # Largest = {1,1}
-    s.p.client.subscribe(NS, b"t", Parameters(location_filter=lf))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(location_filter=lf))
     evs = s.run()
     (ok,) = of_type(evs, ev.SubscribeAccepted)
     assert ok.message.params.largest_object == L(1, 1)
@@ -112,8 +119,8 @@ def test_location_filter_types_on_live_objects(lf: LocationFilter | None,
 
 def test_unsatisfiable_subscription_range_is_invalid_range() -> None:
     s = Served()
-    s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.absolute_range(3, 5, 0, 2)))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.absolute_range(3, 5, 0, 2)))
     (rej,) = s.run()
     assert isinstance(rej, ev.RequestRejected)
     assert rej.message.code == RequestErrorCode.INVALID_RANGE
@@ -125,13 +132,13 @@ def test_unsatisfiable_subscription_range_is_invalid_range() -> None:
 def test_forward_zero_then_update_forward_one() -> None:
     s = Served()
     _fill(s.track, range(1), 2)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        forward=0, fill=Parameters(location_filter=LocationFilter.none())))
+    rid = s.p.client.subscribe(NS, b"t", wire.Parameters(
+        forward=0, fill=wire.Parameters(location_filter=wire.LocationFilter.none())))
     evs = s.run()
     assert of_type(evs, ev.SubscribeAccepted)
     assert of_type(evs, ev.ObjectReceived) == []  # paused: no fill either
     assert locs(s.add(_obj(1, 0))) == []
-    uid = s.p.client.request_update(rid, Parameters(forward=1))
+    uid = s.p.client.request_update(rid, wire.Parameters(forward=1))
     evs = s.run()
     (ok,) = of_type(evs, ev.RequestAccepted)
     assert ok.update_id == uid and ok.message.params.largest_object == L(1, 0)
@@ -145,9 +152,9 @@ def test_forward_zero_then_update_forward_one() -> None:
 def test_fetch_descending_group_order() -> None:
     s = Served()
     _fill(s.track, range(4), 3)
-    rid = s.p.client.fetch(NS, b"t", Parameters(
-        location_filter=LocationFilter.absolute_range(1, 1, 2, 1),
-        group_order=GroupOrder.DESCENDING))
+    rid = s.p.client.fetch(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.absolute_range(1, 1, 2, 1),
+        group_order=wire.GroupOrder.DESCENDING))
     evs = s.run()
     (ok,) = of_type(evs, ev.FetchAccepted)
     assert ok.message.end_location == L(3, 1)
@@ -161,7 +168,7 @@ def test_fetch_descending_group_order() -> None:
 
 def test_subscriber_and_publisher_priorities_in_stream_priority() -> None:
     s = Served(Track(NS, b"t", properties=((0x0E, 50),), origin=True))
-    rid = s.p.client.subscribe(NS, b"t", Parameters(subscriber_priority=7))
+    rid = s.p.client.subscribe(NS, b"t", wire.Parameters(subscriber_priority=7))
     s.run()
     s.add(_obj(0, 0, prio=50), _obj(1, 0, sg=2, prio=3))
     prios = [a for n, a in s.p.wire if n == "client" and isinstance(a, SetStreamPriority)
@@ -169,7 +176,7 @@ def test_subscriber_and_publisher_priorities_in_stream_priority() -> None:
     assert [a.priority[:3] for a in prios] == [(1, 7, 50), (1, 7, 3)]
     assert prios[0].priority[3] < prios[1].priority[3]  # group 0 before group 1
     # a REQUEST_UPDATE of SUBSCRIBER_PRIORITY applies to streams opened afterwards
-    s.p.client.request_update(rid, Parameters(subscriber_priority=200))
+    s.p.client.request_update(rid, wire.Parameters(subscriber_priority=200))
     s.run()
     s.add(_obj(2, 0, prio=50))
     prios = [a for n, a in s.p.wire if n == "client" and isinstance(a, SetStreamPriority)
@@ -192,32 +199,33 @@ def test_received_priorities_inherit_default() -> None:
 def test_objectid_filter_subscription_and_fetch() -> None:
     s = Served()
     _fill(s.track, range(2), 5)
-    f = RangeFilter(0x26, 0, ((0, 1), (3, 3)))
-    s.p.client.subscribe(NS, b"t", Parameters(range_filters=(f,)))
+    f = wire.RangeFilter(0x26, 0, ((0, 1), (3, 3)))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(range_filters=(f,)))
     s.run()
     got = s.add(*[_obj(2, o) for o in range(5)])
     assert locs(got) == [L(2, 0), L(2, 1), L(2, 3)]
-    s.p.client.fetch(NS, b"t", Parameters(location_filter=LocationFilter.absolute_start(0, 0),
-                                         range_filters=(RangeFilter(0x26, 0, ((0, 1),)),)))
+    s.p.client.fetch(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.absolute_start(0, 0),
+        range_filters=(wire.RangeFilter(0x26, 0, ((0, 1),)),)))
     evs = s.run()
     assert locs(evs) == [L(0, 0), L(0, 1), L(1, 0), L(1, 1), L(2, 0), L(2, 1)]
 
 
 def test_range_filters_over_max_filter_ranges_is_invalid_filter() -> None:
     s = Served(max_filter_ranges=1)
-    s.p.client.subscribe(NS, b"t", Parameters(
-        range_filters=(RangeFilter(0x26, 0, ((0, 1), (3, 4))),)))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(
+        range_filters=(wire.RangeFilter(0x26, 0, ((0, 1), (3, 4))),)))
     (rej,) = s.run()
     assert isinstance(rej, ev.RequestRejected)
     assert rej.message.code == RequestErrorCode.INVALID_FILTER
     _fill(s.track, range(1), 1)
-    s.p.client.fetch(NS, b"t", Parameters(range_filters=(
-        RangeFilter(0x26, 0, ((0, 1),)), RangeFilter(0x25, 1, ((0, 0),)))))
+    s.p.client.fetch(NS, b"t", wire.Parameters(range_filters=(
+        wire.RangeFilter(0x26, 0, ((0, 1),)), wire.RangeFilter(0x25, 1, ((0, 0),)))))
     (rej,) = s.run()
     assert rej.message.code == RequestErrorCode.INVALID_FILTER
     # inside FILL_PARAMETERS too
-    s.p.client.subscribe(NS, b"t", Parameters(fill=Parameters(
-        range_filters=(RangeFilter(0x26, 0, ((0, 1), (3, 4))),))))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(fill=wire.Parameters(
+        range_filters=(wire.RangeFilter(0x26, 0, ((0, 1), (3, 4))),))))
     (rej,) = s.run()
     assert rej.message.code == RequestErrorCode.INVALID_FILTER
     assert not s.p.closed
@@ -227,8 +235,8 @@ def test_update_with_invalid_filter_fails_update_and_subscription() -> None:
     s = Served(max_filter_ranges=1)
     rid = s.p.client.subscribe(NS, b"t")
     s.run()
-    uid = s.p.client.request_update(rid, Parameters(
-        range_filters=(RangeFilter(0x26, 0, ((0, 1), (3, 4))),)))
+    uid = s.p.client.request_update(rid, wire.Parameters(
+        range_filters=(wire.RangeFilter(0x26, 0, ((0, 1), (3, 4))),)))
     evs = s.run()
     (rej,) = of_type(evs, ev.RequestRejected)
     assert rej.update_id == uid and rej.message.code == RequestErrorCode.INVALID_FILTER
@@ -242,9 +250,9 @@ def test_update_with_invalid_filter_fails_update_and_subscription() -> None:
 def test_fill_in_subscribe_uses_subscribe_request_id() -> None:
     s = Served()
     _fill(s.track, range(3), 3)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.relative_start(2))))
+    rid = s.p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.next_object(),
+        fill=wire.Parameters(location_filter=wire.LocationFilter.relative_start(2))))
     evs = s.run()
     fills = of_type(evs, ev.ObjectReceived)
     assert [e.location for e in fills] == [L(1, 0), L(1, 1), L(1, 2), L(2, 0), L(2, 1),
@@ -257,10 +265,11 @@ def test_fill_in_subscribe_uses_subscribe_request_id() -> None:
 def test_fill_in_request_update_carries_update_id() -> None:
     s = Served()
     _fill(s.track, range(2), 2)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(location_filter=LocationFilter.next_object()))
+    rid = s.p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.next_object()))
     s.run()
-    uid = s.p.client.request_update(rid, Parameters(
-        fill=Parameters(location_filter=LocationFilter.absolute_start(1, 0))))
+    uid = s.p.client.request_update(rid, wire.Parameters(
+        fill=wire.Parameters(location_filter=wire.LocationFilter.absolute_start(1, 0))))
     evs = s.run()
     (ok,) = of_type(evs, ev.RequestAccepted)
     assert ok.update_id == uid and ok.message.params.largest_object == L(1, 1)
@@ -280,22 +289,17 @@ def test_empty_fill_opens_no_stream() -> None:
     s = Served()
     _fill(s.track, range(1), 2)
     # subscription filter Next Object and no inner filter: the fill inherits it -> empty
-    s.p.client.subscribe(NS, b"t", Parameters(location_filter=LocationFilter.next_object(),
-                                              fill=Parameters()))
+    s.p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.next_object(), fill=wire.Parameters()))
     evs = s.run()
     assert of_type(evs, ev.ObjectReceived) == []
     assert of_type(evs, ev.DataStreamEnded) == []
 
 
 def test_fill_failure_resets_fill_stream_and_live_continues() -> None:
-    # a relay-like (non-origin) track with a hole: the fill waits at the hole
-    track = Track(NS, b"t")
-    track.add(_obj(0, 0))
-    track.add(_obj(0, 2))
+    track = _track_with_hole()
     s = Served(track)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    rid = s.subscribe_joining()
     evs = s.run()
     assert locs(evs) == [L(0, 0)]
     s.server.fail_fill(rid)
@@ -303,7 +307,7 @@ def test_fill_failure_resets_fill_stream_and_live_continues() -> None:
     (end,) = of_type(evs, ev.DataStreamEnded)
     assert end.fill_id == rid and end.reset_code == StreamResetCode.INTERNAL_ERROR
     # live delivery is unaffected
-    evs = s.add(_obj(0, 3), _obj(0, 4, status=ObjectStatus.END_OF_TRACK))
+    evs = s.add(_obj(0, 3), _obj(0, 4, status=wire.ObjectStatus.END_OF_TRACK))
     assert locs(evs) == [L(0, 3), L(0, 4)]
     (done,) = of_type(evs, ev.SubscriptionEnded)
     assert done.message.stream_count == 2  # the fill stream counts
@@ -314,9 +318,7 @@ def test_fill_that_cannot_be_served_is_opened_and_reset() -> None:
     s = Served()
     _fill(s.track, range(2), 2)
     s.server = TrackServer(s.p.server, can_fill=lambda sub, fill, start, end: False)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    rid = s.subscribe_joining()
     evs = s.run()
     assert of_type(evs, ev.SubscribeAccepted)
     assert locs(evs) == []
@@ -325,20 +327,16 @@ def test_fill_that_cannot_be_served_is_opened_and_reset() -> None:
     # the header was written before the reset
     from kvcs.moqt.actions import ResetStream, SendStreamData
 
-    wire = [a for n, a in s.p.wire if n == "client" and getattr(a, "stream_id", -1) ==
+    sent = [a for n, a in s.p.wire if n == "client" and getattr(a, "stream_id", -1) ==
             end.stream_id]
-    assert isinstance(wire[-2], SendStreamData) and bytes(wire[-2].data) == bytes([5, rid])
-    assert isinstance(wire[-1], ResetStream)
+    assert isinstance(sent[-2], SendStreamData) and bytes(sent[-2].data) == bytes([5, rid])
+    assert isinstance(sent[-1], ResetStream)
 
 
 def test_track_dropped_ends_subscription_and_resets_fill() -> None:
-    track = Track(NS, b"t")
-    track.add(_obj(0, 0))
-    track.add(_obj(0, 2))
+    track = _track_with_hole()
     s = Served(track)
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    rid = s.subscribe_joining()
     s.run()
     track.drop()
     evs = s.run()
@@ -350,13 +348,9 @@ def test_track_dropped_ends_subscription_and_resets_fill() -> None:
 
 
 def test_fill_cancelled_by_stop_sending_only_affects_fill() -> None:
-    track = Track(NS, b"t")
-    track.add(_obj(0, 0))
-    track.add(_obj(0, 2))
+    track = _track_with_hole()
     s = Served(track)
-    s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    s.subscribe_joining()
     evs = s.run()
     fill_sid = of_type(evs, ev.ObjectReceived)[0].stream_id
 
@@ -374,14 +368,14 @@ def test_end_of_group_and_end_of_track() -> None:
     s = Served()
     rid = s.p.client.subscribe(NS, b"t")
     s.run()
-    evs = s.add(_obj(0, 0), _obj(0, 1), _obj(0, 2, status=ObjectStatus.END_OF_GROUP))
+    evs = s.add(_obj(0, 0), _obj(0, 1), _obj(0, 2, status=wire.ObjectStatus.END_OF_GROUP))
     objs = of_type(evs, ev.ObjectReceived)
-    assert [o.record.status for o in objs] == [0, 0, ObjectStatus.END_OF_GROUP]
+    assert [o.record.status for o in objs] == [0, 0, wire.ObjectStatus.END_OF_GROUP]
     (end,) = of_type(evs, ev.DataStreamEnded)  # FIN right after End of Group
     assert end.reset_code is None and end.stream_id == objs[0].stream_id
-    evs = s.add(_obj(1, 0), _obj(1, 1, status=ObjectStatus.END_OF_TRACK))
+    evs = s.add(_obj(1, 0), _obj(1, 1, status=wire.ObjectStatus.END_OF_TRACK))
     assert [o.record.status for o in of_type(evs, ev.ObjectReceived)] == [
-        0, ObjectStatus.END_OF_TRACK]
+        0, wire.ObjectStatus.END_OF_TRACK]
     (done,) = of_type(evs, ev.SubscriptionEnded)
     assert done.request_id == rid
     assert done.message.status == PublishDoneCode.TRACK_ENDED
@@ -397,10 +391,8 @@ def test_end_of_group_and_end_of_track() -> None:
 def test_subscribe_to_finished_track_ends_at_once_with_fill() -> None:
     s = Served()
     _fill(s.track, range(2), 2)
-    s.track.add(_obj(1, 2, status=ObjectStatus.END_OF_TRACK))
-    s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    s.track.add(_obj(1, 2, status=wire.ObjectStatus.END_OF_TRACK))
+    s.subscribe_joining()
     evs = s.run()
     assert locs(evs) == [L(0, 0), L(0, 1), L(1, 0), L(1, 1)]
     (done,) = of_type(evs, ev.SubscriptionEnded)
@@ -421,13 +413,11 @@ def test_exactly_once_join_half_way(chunk: int | None) -> None:
     half = len(produced) // 2 + 2  # mid-group
     for g, o in produced[:half]:
         s.track.add(_obj(g, o))
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    rid = s.subscribe_joining()
     evs = s.run()
     for g, o in produced[half:]:
         evs += s.add(_obj(g, o))
-    evs += s.add(_obj(groups - 1, per, status=ObjectStatus.END_OF_TRACK))
+    evs += s.add(_obj(groups - 1, per, status=wire.ObjectStatus.END_OF_TRACK))
     objs = [e for e in of_type(evs, ev.ObjectReceived) if e.record.status == 0]
     got = [(e.location.group, e.location.object) for e in objs]
     assert sorted(got) == produced  # every object exactly once
@@ -447,10 +437,8 @@ def test_publish_done_and_fin_overtaking_the_fill_stream() -> None:
     counted (regression: the request was forgotten and the fill stream abandoned)."""
     s = Served()
     _fill(s.track, range(2), 3)
-    s.track.add(_obj(1, 3, status=ObjectStatus.END_OF_TRACK))
-    rid = s.p.client.subscribe(NS, b"t", Parameters(
-        location_filter=LocationFilter.next_object(),
-        fill=Parameters(location_filter=LocationFilter.none())))
+    s.track.add(_obj(1, 3, status=wire.ObjectStatus.END_OF_TRACK))
+    rid = s.subscribe_joining()
     s.p.pump()
     for e in s.p.events(s.p.server):
         if isinstance(e, ev.RequestReceived):

@@ -5,65 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcs.moqt.wire import (
-    FETCH_OK_PARAMS,
-    FETCH_PARAMS,
-    PUBLISH_NAMESPACE_PARAMS,
-    PUBLISH_PARAMS,
-    PUBLISH_STATE_NOTIFY_PARAMS,
-    REQUEST_OK_PARAMS,
-    REQUEST_UPDATE_PARAMS,
-    SUBSCRIBE_NAMESPACE_PARAMS,
-    SUBSCRIBE_OK_PARAMS,
-    SUBSCRIBE_PARAMS,
-    SUBSCRIBE_TRACKS_PARAMS,
-    TRACK_STATUS_PARAMS,
-    AuthToken,
-    ControlStreamParser,
-    DataStreamParser,
-    EndOfRange,
-    Fetch,
-    FetchHeader,
-    FetchOk,
-    FetchWriter,
-    GoAway,
-    Location,
-    LocationFilter,
-    Namespace,
-    NamespaceDone,
-    ObjectRecord,
-    Parameters,
-    Publish,
-    PublishDone,
-    PublishNamespace,
-    PublishSkipped,
-    PublishStateNotify,
-    Reader,
-    Redirect,
-    RequestError,
-    RequestOk,
-    RequestUpdate,
-    Setup,
-    SetupOptions,
-    SubgroupHeader,
-    SubgroupWriter,
-    Subscribe,
-    SubscribeNamespace,
-    SubscribeOk,
-    SubscribeTracks,
-    TrackStatus,
-    decode_datagram,
-    decode_kvps,
-    decode_message,
-    decode_parameters,
-    decode_vi64,
-    encode_datagram,
-    encode_kvps,
-    encode_message,
-    encode_parameters,
-    encode_vi64,
-    vi64_len,
-)
+from kvcs.moqt import wire
 
 from .strategies import (
     ALL,
@@ -85,16 +27,16 @@ reasons = st.text(alphabet=TEXT_ALPHABET, max_size=20)
 
 @given(vi64s)
 def test_vi64(v: int) -> None:
-    enc = encode_vi64(v)
-    assert len(enc) == vi64_len(v)
-    assert decode_vi64(enc, 0) == (v, len(enc))
-    assert decode_vi64(b"\x00" + enc + b"\x00", 1) == (v, len(enc) + 1)
+    enc = wire.encode_vi64(v)
+    assert len(enc) == wire.vi64_len(v)
+    assert wire.decode_vi64(enc, 0) == (v, len(enc))
+    assert wire.decode_vi64(b"\x00" + enc + b"\x00", 1) == (v, len(enc) + 1)
 
 
 def test_vi64_sizes() -> None:
-    assert encode_vi64(MAXV) == b"\xff" * 9
-    assert len(encode_vi64(2**56)) == 9 and len(encode_vi64(2**56 - 1)) == 8
-    assert decode_vi64(b"\x80\x25", 0) == (37, 2)
+    assert wire.encode_vi64(MAXV) == b"\xff" * 9
+    assert len(wire.encode_vi64(2**56)) == 9 and len(wire.encode_vi64(2**56 - 1)) == 8
+    assert wire.decode_vi64(b"\x80\x25", 0) == (37, 2)
     for v, h in [
         (37, "25"),
         (15293, "bbbd"),
@@ -105,72 +47,73 @@ def test_vi64_sizes() -> None:
         (30000, "c07530"),
         (5000, "9388"),
     ]:
-        assert encode_vi64(v).hex() == h
-        assert decode_vi64(bytes.fromhex(h), 0) == (v, len(h) // 2)
+        assert wire.encode_vi64(v).hex() == h
+        assert wire.decode_vi64(bytes.fromhex(h), 0) == (v, len(h) // 2)
 
 
 @given(properties(max_size=6))
 def test_properties(props: tuple) -> None:
-    assert decode_kvps(encode_kvps(props)) == props
+    assert wire.decode_kvps(wire.encode_kvps(props)) == props
 
 
 @given(auth_tokens())
-def test_auth_token(tok: AuthToken) -> None:
-    assert AuthToken.decode(tok.encode()) == tok
+def test_auth_token(tok: wire.AuthToken) -> None:
+    assert wire.AuthToken.decode(tok.encode()) == tok
 
 
 @given(location_filters())
-def test_location_filter(lf: LocationFilter) -> None:
-    assert LocationFilter.decode(lf.encode()) == lf
+def test_location_filter(lf: wire.LocationFilter) -> None:
+    assert wire.LocationFilter.decode(lf.encode()) == lf
 
 
 @given(setup_options())
-def test_setup_options(o: SetupOptions) -> None:
-    assert SetupOptions.decode(o.encode()) == o
+def test_setup_options(o: wire.SetupOptions) -> None:
+    assert wire.SetupOptions.decode(o.encode()) == o
 
 
 @given(parameters(ALL))
-def test_parameters_all(p: Parameters) -> None:
-    r = Reader(encode_parameters(p))
-    assert decode_parameters(r, ALL) == p
+def test_parameters_all(p: wire.Parameters) -> None:
+    r = wire.Reader(wire.encode_parameters(p))
+    assert wire.decode_parameters(r, ALL) == p
     assert r.at_end
 
 
 def _msg_strategy() -> st.SearchStrategy:
     P = parameters
     return st.one_of(
-        st.builds(Setup, setup_options()),
-        st.builds(GoAway, st.binary(max_size=20), vi64s),
-        st.builds(Subscribe, vi64s, namespaces, names, P(SUBSCRIBE_PARAMS)),
-        st.builds(SubscribeOk, vi64s, P(SUBSCRIBE_OK_PARAMS), properties()),
-        st.builds(RequestUpdate, vi64s, P(REQUEST_UPDATE_PARAMS)),
-        st.builds(RequestOk, P(REQUEST_OK_PARAMS), properties()),
-        st.builds(RequestError, vi64s.filter(lambda c: c != 0x34), vi64s, reasons),
+        st.builds(wire.Setup, setup_options()),
+        st.builds(wire.GoAway, st.binary(max_size=20), vi64s),
+        st.builds(wire.Subscribe, vi64s, namespaces, names, P(wire.SUBSCRIBE_PARAMS)),
+        st.builds(wire.SubscribeOk, vi64s, P(wire.SUBSCRIBE_OK_PARAMS), properties()),
+        st.builds(wire.RequestUpdate, vi64s, P(wire.REQUEST_UPDATE_PARAMS)),
+        st.builds(wire.RequestOk, P(wire.REQUEST_OK_PARAMS), properties()),
+        st.builds(wire.RequestError, vi64s.filter(lambda c: c != 0x34), vi64s, reasons),
         st.builds(
-            RequestError,
+            wire.RequestError,
             st.just(0x34),
             vi64s,
             reasons,
-            st.builds(Redirect, st.binary(max_size=20), namespaces, names),
+            st.builds(wire.Redirect, st.binary(max_size=20), namespaces, names),
         ),
-        st.builds(Publish, vi64s, namespaces, names, vi64s, P(PUBLISH_PARAMS), properties()),
-        st.builds(PublishDone, vi64s, vi64s, reasons),
-        st.builds(PublishStateNotify, P(PUBLISH_STATE_NOTIFY_PARAMS)),
-        st.builds(Fetch, vi64s, namespaces, names, P(FETCH_PARAMS)),
+        st.builds(wire.Publish, vi64s, namespaces, names, vi64s, P(wire.PUBLISH_PARAMS),
+                  properties()),
+        st.builds(wire.PublishDone, vi64s, vi64s, reasons),
+        st.builds(wire.PublishStateNotify, P(wire.PUBLISH_STATE_NOTIFY_PARAMS)),
+        st.builds(wire.Fetch, vi64s, namespaces, names, P(wire.FETCH_PARAMS)),
         st.builds(
-            FetchOk,
+            wire.FetchOk,
             st.booleans(),
-            st.builds(Location, vi64s, vi64s),
-            P(FETCH_OK_PARAMS),
+            st.builds(wire.Location, vi64s, vi64s),
+            P(wire.FETCH_OK_PARAMS),
             properties(),
         ),
-        st.builds(TrackStatus, vi64s, namespaces, names, P(TRACK_STATUS_PARAMS)),
-        st.builds(PublishNamespace, vi64s, namespaces, P(PUBLISH_NAMESPACE_PARAMS)),
-        st.builds(SubscribeNamespace, vi64s, namespaces, P(SUBSCRIBE_NAMESPACE_PARAMS)),
-        st.builds(SubscribeTracks, vi64s, namespaces, P(SUBSCRIBE_TRACKS_PARAMS)),
-        st.builds(Namespace, namespaces),
-        st.builds(NamespaceDone, namespaces),
-        st.builds(PublishSkipped, namespaces, names),
+        st.builds(wire.TrackStatus, vi64s, namespaces, names, P(wire.TRACK_STATUS_PARAMS)),
+        st.builds(wire.PublishNamespace, vi64s, namespaces, P(wire.PUBLISH_NAMESPACE_PARAMS)),
+        st.builds(wire.SubscribeNamespace, vi64s, namespaces, P(wire.SUBSCRIBE_NAMESPACE_PARAMS)),
+        st.builds(wire.SubscribeTracks, vi64s, namespaces, P(wire.SUBSCRIBE_TRACKS_PARAMS)),
+        st.builds(wire.Namespace, namespaces),
+        st.builds(wire.NamespaceDone, namespaces),
+        st.builds(wire.PublishSkipped, namespaces, names),
     )
 
 
@@ -180,26 +123,26 @@ messages = _msg_strategy()
 @settings(max_examples=400)
 @given(messages)
 def test_message_roundtrip(msg: object) -> None:
-    raw = encode_message(msg)  # type: ignore[arg-type]
-    assert ControlStreamParser().feed(raw) == [msg]
-    r = Reader(raw)
+    raw = wire.encode_message(msg)  # type: ignore[arg-type]
+    assert wire.ControlStreamParser().feed(raw) == [msg]
+    r = wire.Reader(raw)
     t = r.vi64()
     assert r.u16() == r.remaining
-    assert decode_message(t, r.rest()) == msg
+    assert wire.decode_message(t, r.rest()) == msg
 
 
 # ------------------------------------------------------------------- data streams
 
 
 @st.composite
-def subgroup_streams(draw: st.DrawFn) -> tuple[SubgroupHeader, list[ObjectRecord]]:
+def subgroup_streams(draw: st.DrawFn) -> tuple[wire.SubgroupHeader, list[wire.ObjectRecord]]:
     """A header and a valid object sequence for it."""
     mode = draw(st.integers(0, 2))
     props_bit = draw(st.booleans())
     prio = draw(st.one_of(st.none(), u8s))
     first = draw(st.one_of(st.integers(0, 5), vi64s.filter(lambda v: v < MAXV - 1000)))
     sg = 0 if mode == 0 else (first if mode == 1 else draw(vi64s))
-    hdr = SubgroupHeader(
+    hdr = wire.SubgroupHeader(
         draw(vi64s),
         draw(vi64s),
         sg,
@@ -219,12 +162,13 @@ def subgroup_streams(draw: st.DrawFn) -> tuple[SubgroupHeader, list[ObjectRecord
         status = draw(st.sampled_from([0, 0, 3, 4])) if i == len(steps) - 1 else 0
         payload = b"" if status else draw(st.binary(max_size=40))
         props = draw(properties(3)) if props_bit and not status else ()
-        recs.append(ObjectRecord(hdr.group_id, sg, oid, prio, status, props, memoryview(payload)))
+        recs.append(wire.ObjectRecord(hdr.group_id, sg, oid, prio, status, props,
+                                      memoryview(payload)))
     return hdr, recs
 
 
-def encode_subgroup(hdr: SubgroupHeader, recs: list[ObjectRecord]) -> bytes:
-    w = SubgroupWriter(hdr)
+def encode_subgroup(hdr: wire.SubgroupHeader, recs: list[wire.ObjectRecord]) -> bytes:
+    w = wire.SubgroupWriter(hdr)
     out = [w.header_bytes()]
     for r in recs:
         out.append(w.object_prefix(r.object_id, len(r.payload), r.status, r.properties))
@@ -233,13 +177,13 @@ def encode_subgroup(hdr: SubgroupHeader, recs: list[ObjectRecord]) -> bytes:
 
 
 @given(subgroup_streams())
-def test_subgroup_stream(s: tuple[SubgroupHeader, list[ObjectRecord]]) -> None:
+def test_subgroup_stream(s: tuple[wire.SubgroupHeader, list[wire.ObjectRecord]]) -> None:
     hdr, recs = s
     raw = encode_subgroup(hdr, recs)
-    p = DataStreamParser()
+    p = wire.DataStreamParser()
     items = p.feed(raw)
     p.finish()
-    placeholder = SubgroupHeader(
+    placeholder = wire.SubgroupHeader(
         hdr.track_alias,
         hdr.group_id,
         0,
@@ -253,16 +197,16 @@ def test_subgroup_stream(s: tuple[SubgroupHeader, list[ObjectRecord]]) -> None:
     unknown_sg = hdr.subgroup_id_mode == 1
     assert items[0] == (placeholder if unknown_sg and not recs else hdr)
     assert items[1:] == recs
-    assert SubgroupHeader.decode(hdr.encode()) == (placeholder if unknown_sg else hdr)
+    assert wire.SubgroupHeader.decode(hdr.encode()) == (placeholder if unknown_sg else hdr)
 
 
 @st.composite
-def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[ObjectRecord | EndOfRange]]:
+def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[wire.ObjectRecord | wire.EndOfRange]]:
     """A valid fetch object / End of Range sequence in ascending or descending order."""
     desc = draw(st.booleans())
     g = draw(vi64s)
     o = draw(vi64s.filter(lambda v: v < MAXV - 10**6))
-    items: list[ObjectRecord | EndOfRange] = []
+    items: list[wire.ObjectRecord | wire.EndOfRange] = []
     n = draw(st.integers(0, 8))
     for i in range(n):
         if i:
@@ -277,12 +221,12 @@ def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[ObjectRecord | EndOfRange
             else:
                 o += draw(st.integers(1, 3))  # ascending within a group (digest 7.3)
         if draw(st.integers(0, 4)) == 0:
-            items.append(EndOfRange(draw(st.sampled_from([0x8C, 0x10C, 0x20C])), g, o))
+            items.append(wire.EndOfRange(draw(st.sampled_from([0x8C, 0x10C, 0x20C])), g, o))
             continue
         dg = draw(st.integers(0, 5)) == 0
         sg = 0 if dg else draw(st.one_of(st.integers(0, 3), vi64s))
         items.append(
-            ObjectRecord(
+            wire.ObjectRecord(
                 g,
                 sg,
                 o,
@@ -296,11 +240,11 @@ def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[ObjectRecord | EndOfRange
     return desc, items
 
 
-def encode_fetch(rid: int, desc: bool, items: list[ObjectRecord | EndOfRange]) -> bytes:
-    w = FetchWriter(rid, desc)
+def encode_fetch(rid: int, desc: bool, items: list[wire.ObjectRecord | wire.EndOfRange]) -> bytes:
+    w = wire.FetchWriter(rid, desc)
     out = [w.header_bytes()]
     for it in items:
-        if isinstance(it, EndOfRange):
+        if isinstance(it, wire.EndOfRange):
             out.append(w.end_of_range(it.kind, it.group_id, it.object_id))
         else:
             out.append(
@@ -323,20 +267,20 @@ def encode_fetch(rid: int, desc: bool, items: list[ObjectRecord | EndOfRange]) -
 def test_fetch_stream(rid: int, s: tuple[bool, list]) -> None:
     desc, items = s
     raw = encode_fetch(rid, desc, items)
-    p = DataStreamParser(lambda r: desc if r == rid else not desc)
+    p = wire.DataStreamParser(lambda r: desc if r == rid else not desc)
     got = p.feed(raw)
     p.finish()
-    assert got == [FetchHeader(rid), *items]
+    assert got == [wire.FetchHeader(rid), *items]
 
 
 @st.composite
-def datagrams(draw: st.DrawFn) -> tuple[int, ObjectRecord, bool]:
+def datagrams(draw: st.DrawFn) -> tuple[int, wire.ObjectRecord, bool]:
     """Valid (alias, record, end_of_group) datagram contents."""
     status = draw(st.sampled_from([0, 0, 0, 3, 4]))
     eog = False if status else draw(st.booleans())
     props = () if status else draw(properties(3))
     payload = b"" if status else draw(st.binary(max_size=30))
-    rec = ObjectRecord(
+    rec = wire.ObjectRecord(
         draw(vi64s),
         0,
         draw(st.one_of(st.just(0), vi64s)),
@@ -350,6 +294,6 @@ def datagrams(draw: st.DrawFn) -> tuple[int, ObjectRecord, bool]:
 
 
 @given(datagrams())
-def test_datagram(d: tuple[int, ObjectRecord, bool]) -> None:
+def test_datagram(d: tuple[int, wire.ObjectRecord, bool]) -> None:
     alias, rec, eog = d
-    assert decode_datagram(encode_datagram(alias, rec, eog)) == (alias, rec, eog)
+    assert wire.decode_datagram(wire.encode_datagram(alias, rec, eog)) == (alias, rec, eog)

@@ -58,6 +58,15 @@ SETUP_AUTHORITY = 0x05
 SETUP_MAX_FILTER_RANGES = 0x06
 SETUP_MOQT_IMPLEMENTATION = 0x07
 SETUP_MAX_REQUEST_UPDATES = 0x08
+#: The Setup Options kept as they are in one SetupOptions field each. The type's parity
+#: fixes the value's kind (even: an integer, odd: bytes), as the field expects.
+_SETUP_FIELDS = {
+    SETUP_PATH: "path",
+    SETUP_MAX_AUTH_TOKEN_CACHE_SIZE: "max_auth_token_cache_size",
+    SETUP_AUTHORITY: "authority",
+    SETUP_MAX_FILTER_RANGES: "max_filter_ranges",
+    SETUP_MAX_REQUEST_UPDATES: "max_request_updates",
+}
 
 #: Largest allowed value length of an odd-typed KVP.
 MAX_KVP_BYTES = 65535
@@ -211,27 +220,14 @@ class SetupOptions:
             if t in seen:
                 raise violation(f"duplicate setup option 0x{t:x}")
             seen.add(t)
-            if t == SETUP_PATH:
-                assert isinstance(v, bytes)
-                opts.path = v
-            elif t == SETUP_AUTHORITY:
-                assert isinstance(v, bytes)
-                opts.authority = v
-            elif t == SETUP_MOQT_IMPLEMENTATION:
+            if t == SETUP_MOQT_IMPLEMENTATION:
                 assert isinstance(v, bytes)
                 try:
                     opts.implementation = v.decode("utf-8")
                 except UnicodeDecodeError:
                     raise _kv_error("MOQT_IMPLEMENTATION is not UTF-8") from None
-            elif t == SETUP_MAX_AUTH_TOKEN_CACHE_SIZE:
-                assert isinstance(v, int)
-                opts.max_auth_token_cache_size = v
-            elif t == SETUP_MAX_FILTER_RANGES:
-                assert isinstance(v, int)
-                opts.max_filter_ranges = v
-            elif t == SETUP_MAX_REQUEST_UPDATES:
-                assert isinstance(v, int)
-                opts.max_request_updates = v
+            else:
+                setattr(opts, _SETUP_FIELDS[t], v)
         opts.auth_tokens = tuple(tokens)
         opts.unknown = tuple(unknown)
         return opts

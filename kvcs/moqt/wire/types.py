@@ -7,13 +7,14 @@ from typing import NamedTuple
 
 from ..errors import violation
 
+# ``Namespace`` (the tuple type) is not in __all__: the package re-exports it as
+# ``TrackNamespace`` (messages), and its ``Namespace`` is the NAMESPACE message.
 __all__ = [
     "MAX_NAMESPACE_FIELDS",
     "MAX_NAME_BYTES",
     "MAX_VI64",
     "GroupOrder",
     "Location",
-    "Namespace",
     "ObjectStatus",
     "namespace_has_prefix",
     "render_full_name",

@@ -7,10 +7,9 @@ not the QUIC varint. Encoders emit the minimal form; decoders accept non-minimal
 from __future__ import annotations
 
 from .buffer import NeedMore
+from .types import MAX_VI64
 
-__all__ = ["MAX_VI64", "decode_vi64", "encode_vi64", "vi64_len"]
-
-MAX_VI64 = (1 << 64) - 1
+__all__ = ["decode_vi64", "encode_vi64", "vi64_len"]
 
 #: Total encoded length indexed by the first byte.
 VI64_LEN: tuple[int, ...] = tuple(
