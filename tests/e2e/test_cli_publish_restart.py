@@ -14,8 +14,8 @@ from kvcs.relay import Relay, RelayConfig
 from kvcs.testing import LocalNet
 from kvcs.transport import QuicSettings
 
+from .cli_run import ENV, cli_inputs, load_kv_layers, run_kvcs
 from .conftest import LAYERS, cache, same
-from .test_cli import ENV, _files, _run, load_kv_layers
 
 
 async def _relay(net: LocalNet, port: int) -> Relay:
@@ -30,7 +30,7 @@ async def _fetch_until_whole(common: list[str], tokens: str, out: Path) -> str:
     """Fetch until it succeeds (the publisher may still be reconnecting): the last output."""
     err = ""
     for _ in range(60):
-        rc, stdout, err = await _run("fetch", *common, "--tokens", tokens, "--out", str(out))
+        rc, stdout, err = await run_kvcs("fetch", *common, "--tokens", tokens, "--out", str(out))
         if rc == 0:
             return stdout
         await asyncio.sleep(0.25)
@@ -41,7 +41,7 @@ async def test_publish_reconnects_after_the_relay_restarts(net: LocalNet,
                                                            tmp_path: Path) -> None:
     relay = await _relay(net, 0)
     port = relay.port
-    f = _files(tmp_path)
+    f = cli_inputs(tmp_path)
     common = ["--relay", f"moqt://127.0.0.1:{port}/", "--cafile", str(net.cert.certfile),
               "--descriptor", f["desc"], "--scope-key", f["scope"], "--loopback"]
     # --no-hand-over: the relay holds nothing by itself, every fetch pulls from the publisher
