@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
+from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
 from ..kv.component import Component
 from ..kv.container import max_container_size
@@ -1058,8 +1058,7 @@ class _SegmentRun:
                     fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
                     priority=0)
                 try:
-                    async for obj in sub:
-                        self._take(kind, obj, sub.track_properties)
+                    await self._take_all(sub, kind, sub.track_properties)
                 finally:
                     if not sub.finished:
                         await sub.cancel()
@@ -1084,11 +1083,7 @@ class _SegmentRun:
             fill=Parameters(location_filter=LocationFilter.relative_start(1)),
             priority=0)
 
-        async def relay_live() -> None:
-            async for obj in sub:
-                self._take(kind, obj, sub.track_properties)
-
-        live = asyncio.create_task(relay_live())
+        live = asyncio.create_task(self._take_all(sub, kind, sub.track_properties))
         try:
             largest = sub.largest
             if largest is not None:
@@ -1125,8 +1120,16 @@ class _SegmentRun:
                              location_filter=LocationFilter.absolute_group_end(
                                  first, 0, last - first))
         props = res.ok.track_properties if res.ok is not None else ()
-        async for obj in res:
-            self._take(kind, obj, props, pub)
+        await self._take_all(res, kind, props, pub)
+
+    async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
+                        track_properties: Properties, pub: Publication | None = None) -> None:
+        """Give every object of a subscription or fetch to the assembler until it ends:
+        each as it is parsed (a callback, no queue), those queued before through the
+        iterator."""
+        stream.deliver_to(lambda obj: self._take(kind, obj, track_properties, pub))
+        async for obj in stream:
+            self._take(kind, obj, track_properties, pub)
 
     # -- recovery --------------------------------------------------------------------
 
