@@ -359,12 +359,16 @@ class LayerAssembler:
 
     def accept(self, kind: Component, layer: int, block: int, payload: Buffer, *,
                publisher_priority: int = 128, properties: Properties = (),
-               namespace: Sequence[bytes] | None = None) -> Outcome:
+               namespace: Sequence[bytes] | None = None,
+               data_sha256: bytes | None = None) -> Outcome:
         """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it.
 
         ``publisher_priority`` (effective, :func:`~kvcs.kv.secure.effective_priority`) and
         ``properties`` as received matter for protected objects (the AAD); ``namespace``
-        is that of another publication whose objects recover this one's (deterministic)."""
+        is that of another publication whose objects recover this one's (deterministic).
+        ``data_sha256``: the SHA-256 of the payload's octets after the 68-octet header,
+        computed beforehand (e.g. a batch in a worker thread); only for an unprotected
+        retrieval (a protected object is hashed once decrypted). None: hashed here."""
         if layer < self._next or layer >= self.layers.stop:
             return Outcome.IGNORED
         if block >= self.blocks:
@@ -377,7 +381,8 @@ class LayerAssembler:
         ns = self.namespace if namespace is None else tuple(namespace)
         try:
             digest = self._verify_and_place(buf, kind, layer, block, payload,
-                                            publisher_priority, properties, ns)
+                                            publisher_priority, properties, ns,
+                                            None if self.secure is not None else data_sha256)
         except UnknownKeyIdError as exc:
             return self._hold(kind, layer, block, _Held(
                 payload, publisher_priority, properties, ns, exc.key_id,
@@ -397,14 +402,15 @@ class LayerAssembler:
 
     def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
                           payload: Buffer, priority: int, properties: Properties,
-                          namespace: tuple[bytes, ...]) -> bytes:
+                          namespace: tuple[bytes, ...], data_sha256: bytes | None) -> bytes:
         codec = self._codecs.get(kind)
         if codec is None:
             raise VerificationError(f"no {kind.value} track is selected")
         plain = open_object(self.secure, namespace, self._names[kind], layer, block, payload,
                             publisher_priority=priority, properties=properties)
         hdr = verify_payload(plain, group=layer, object_id=block,
-                             expected_digest=self._listed(kind, layer, block))
+                             expected_digest=self._listed(kind, layer, block),
+                             data_sha256=data_sha256)
         if hdr.component != kind.field:
             raise VerificationError(f"component {hdr.component} on the {kind.value} track")
         if hdr.token_count != self._block_tokens or hdr.codec != codec:

@@ -83,6 +83,7 @@ from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from ..kv.index import parse_publication_uri
 from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
+from ..kv.payload import HEADER_SIZE
 from ..kv.secure import ContentKey, SecureObjects, effective_priority
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import (
@@ -94,6 +95,7 @@ from ..moqt.wire import (
     RangeFilter,
 )
 from .manifest_track import ManifestTrack
+from .offload import sha256_digests
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
@@ -762,6 +764,58 @@ class _Progress:
         self.last = self.loop.time()
 
 
+_Received = tuple["_SegmentRun", Component, ReceivedObject, Properties, "Publication | None"]
+"""A received object on its way to a segment's assembler: (run, kind, object, the track
+properties it inherits a priority from, the publication when another one's)."""
+
+
+class _Intake:
+    """The received objects of one retrieval on their way to the assemblers, in batches:
+    the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
+    the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
+    object is verified and placed on the event-loop thread, in arrival order. A batch is
+    what arrived while the previous one was hashed (at least one loop turn's)."""
+
+    def __init__(self) -> None:
+        self._pending: list[_Received] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, item: _Received) -> None:
+        """Queue one object (others than normal ones are dropped: they carry no block)."""
+        if item[2].status != ObjectStatus.NORMAL:
+            return
+        self._pending.append(item)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                # protected objects are hashed once decrypted, by the assembler
+                plain = [i for i, (run, *_) in enumerate(batch) if run.assembler.secure is None]
+                digests = await sha256_digests(
+                    [batch[i][2].payload[HEADER_SIZE:] for i in plain])
+                computed: list[bytes | None] = [None] * len(batch)
+                for i, digest in zip(plain, digests, strict=True):
+                    computed[i] = digest
+                for (run, kind, obj, props, pub), known in zip(batch, computed, strict=True):
+                    run.take(kind, obj, props, pub, known)
+        finally:
+            self._task = None
+
+    async def flush(self) -> None:
+        """Wait until every object queued so far is verified and placed."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    def close(self) -> None:
+        """Drop what is queued (the retrieval has ended)."""
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+
+
 class _Retrieval:
     """The I/O of one retrieval of a layer range over one or more consecutive segments of
     a publication: one :class:`_SegmentRun` per segment, their layers joined in token
@@ -777,6 +831,7 @@ class _Retrieval:
         self.absolute = absolute
         """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
         self.progress = _Progress()
+        self.intake = _Intake()
         self.source = consumer._source(pub)
         self.runs = [_SegmentRun(self, seg, n) for seg, n in plan]
         self.next = layers.start
@@ -859,6 +914,7 @@ class _Retrieval:
                 raise self._recompute_required("objects missing or failed verification")
         finally:
             c._retrievals.discard(self)
+            self.intake.close()
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -1003,19 +1059,19 @@ class _SegmentRun:
             other.block_keys_sha256 == self.seg.block_keys_sha256 and \
             all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
-    def _take(self, kind: Component, obj: ReceivedObject, track_properties: Properties = (),
-              pub: Publication | None = None) -> None:
+    def take(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
+             pub: Publication | None, data_sha256: bytes | None) -> None:
         """Give one received object (of ``pub``, default this publication) to the
-        assembler; note progress, wake the loop when a layer completed or the object waits
+        assembler (:class:`_Intake` computed ``data_sha256``, the SHA-256 of its Data, if
+        not None); note progress, wake the loop when a layer completed or the object waits
         for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the
         priority an object inherits (protected objects authenticate it)."""
-        if obj.status != ObjectStatus.NORMAL:
-            return
         outcome = self.assembler.accept(
             kind, obj.group_id, obj.object_id, obj.payload,
             publisher_priority=effective_priority(obj.publisher_priority, track_properties),
             properties=obj.properties,
-            namespace=None if pub is None or pub is self.r.pub else pub.fields)
+            namespace=None if pub is None or pub is self.r.pub else pub.fields,
+            data_sha256=data_sha256)
         if outcome is Outcome.HELD:
             self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
         elif outcome is Outcome.PLACED:
@@ -1124,12 +1180,14 @@ class _SegmentRun:
 
     async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
                         track_properties: Properties, pub: Publication | None = None) -> None:
-        """Give every object of a subscription or fetch to the assembler until it ends:
-        each as it is parsed (a callback, no queue), those queued before through the
-        iterator."""
-        stream.deliver_to(lambda obj: self._take(kind, obj, track_properties, pub))
+        """Give every object of a subscription or fetch to the retrieval's intake until
+        it ends (each as it is parsed: a callback, no queue; those queued before through
+        the iterator) and wait until they are all verified and placed."""
+        put = self.r.intake.put
+        stream.deliver_to(lambda obj: put((self, kind, obj, track_properties, pub)))
         async for obj in stream:
-            self._take(kind, obj, track_properties, pub)
+            put((self, kind, obj, track_properties, pub))
+        await self.r.intake.flush()
 
     # -- recovery --------------------------------------------------------------------
 
