@@ -75,7 +75,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
-from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
+from ..kv.assembly import (
+    AssemblyStats,
+    KvLayer,
+    LayerArrays,
+    LayerAssembler,
+    Outcome,
+    check_layer_arrays,
+    select_tracks,
+)
 from ..kv.component import Component
 from ..kv.container import max_container_size
 from ..kv.cose import Keyring, verify_manifest
@@ -528,6 +536,7 @@ class KvConsumer:
         *,
         manifest: Manifest | None = None,
         alternates: Sequence[Publication] = (),
+        into: Sequence[LayerArrays] | None = None,
     ) -> AsyncIterator[KvLayer]:
         """Yield verified layers of one ``segment`` in order (K and V of its blocks).
 
@@ -535,6 +544,12 @@ class KvConsumer:
         segment covers of this prompt; ManifestError when it covers none of it
         (:meth:`covered_blocks`). Raises :class:`RecomputeRequired` (block indexes within
         the segment) when blocks stay missing. :meth:`prefix_layers` joins every segment.
+
+        ``into``: the caller's (K, V) arrays of each layer, by layer index, to assemble
+        the layers into instead of new arrays (a decode worker's reused cache buffers:
+        no allocation and first touch of 2 x blocks x block_tokens rows per layer); each
+        needs at least blocks x block_tokens tokens, and the yielded layer's ``k`` and
+        ``v`` are views of their first ones. ValueError if they do not fit.
         """
         track, m = await self._manifest_for(pub, manifest)
         try:
@@ -548,7 +563,7 @@ class KvConsumer:
                                     "or the prompt ends inside it)")
             plan = [(seg, n if blocks is None else min(n, blocks))]
             async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=False):
+                                              absolute=False, into=into):
                 yield layer
         finally:
             if track is not None:
@@ -562,6 +577,7 @@ class KvConsumer:
         *,
         manifest: Manifest | None = None,
         alternates: Sequence[Publication] = (),
+        into: Sequence[LayerArrays] | None = None,
     ) -> AsyncIterator[KvLayer]:
         """Yield verified layers of the whole prefix of this prompt that the publication
         covers: every segment whose Block Keys are the prompt's, from segment 0 on, joined
@@ -569,7 +585,9 @@ class KvConsumer:
 
         ``blocks`` limits it to the first n blocks. The segments are retrieved together;
         layer l is yielded once every segment has it. Raises :class:`RecomputeRequired`
-        (block indexes within the prefix) when blocks stay missing.
+        (block indexes within the prefix) when blocks stay missing. ``into``: as for
+        :meth:`layers`, with the tokens of every segment (:meth:`prefix_plan`): each
+        segment is assembled into its rows, so the layers are not joined by a copy.
         """
         track, m = await self._manifest_for(pub, manifest)
         try:
@@ -577,7 +595,7 @@ class KvConsumer:
             if not plan and (blocks is None or blocks > 0):
                 raise ManifestError("the publication covers no block of this prompt")
             async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=True):
+                                              absolute=True, into=into):
                 yield layer
         finally:
             if track is not None:
@@ -611,10 +629,14 @@ class KvConsumer:
     async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
                         layers: range | None, alternates: Sequence[Publication],
                         track: ManifestTrack | None, *, absolute: bool,
+                        into: Sequence[LayerArrays] | None = None,
                         ) -> AsyncIterator[KvLayer]:
         if not plan or plan[0][1] <= 0:
             return
-        run = _Retrieval(self, pub, m, plan, self._layer_range(layers), absolute)
+        wanted = self._layer_range(layers)
+        arrays = None if into is None else self._layer_arrays(
+            into, wanted, sum(n for _, n in plan) * self.descriptor.block_tokens)
+        run = _Retrieval(self, pub, m, plan, wanted, absolute, arrays)
         self.stats.started_at = time.perf_counter()
         async for layer in run.run(alternates, track):
             if self.stats.first_layer_at is None:
@@ -626,6 +648,16 @@ class KvConsumer:
 
     def _layer_range(self, layers: range | None) -> range:
         return layers if layers is not None else range(self.descriptor.layers)
+
+    def _layer_arrays(self, into: Sequence[LayerArrays], layers: range,
+                      rows: int) -> dict[int, LayerArrays]:
+        """The first ``rows`` tokens of the caller's arrays of every wanted layer, checked
+        before anything is requested (ValueError)."""
+        if len(into) < layers.stop:
+            raise ValueError(f"into: {len(into)} layers given, layer {layers.stop - 1} "
+                             "is wanted")
+        return {layer: check_layer_arrays(self.descriptor, rows, into[layer],
+                                          f"into[{layer}]") for layer in layers}
 
     # ------------------------------------------------------------------ HTTP (KVSP)
 
@@ -823,17 +855,24 @@ class _Retrieval:
     then recovery of what is missing (other endpoints, other publications, KVSP HTTP)."""
 
     def __init__(self, consumer: KvConsumer, pub: Publication, manifest: Manifest,
-                 plan: list[tuple[Segment, int]], layers: range, absolute: bool) -> None:
+                 plan: list[tuple[Segment, int]], layers: range, absolute: bool,
+                 into: dict[int, LayerArrays] | None = None) -> None:
         self.c = consumer
         self.pub = pub
         self.manifest = manifest
         self.layers = layers
         self.absolute = absolute
         """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
+        self.into = into
+        """The caller's arrays of each layer (all segments' rows), or None: new ones."""
         self.progress = _Progress()
         self.intake = _Intake()
         self.source = consumer._source(pub)
-        self.runs = [_SegmentRun(self, seg, n) for seg, n in plan]
+        self.runs: list[_SegmentRun] = []
+        row = 0
+        for seg, n in plan:
+            self.runs.append(_SegmentRun(self, seg, n, row))
+            row += n * consumer.descriptor.block_tokens
         self.next = layers.start
         """The next layer to yield."""
 
@@ -849,7 +888,10 @@ class _Retrieval:
         out: list[KvLayer] = []
         while not self.done and all(self.next in r.popped for r in self.runs):
             parts = [r.popped.pop(self.next) for r in self.runs]
-            if len(parts) == 1:
+            if self.into is not None:  # assembled in place: nothing to join
+                out.append(KvLayer(self.next, *self.into[self.next],
+                                   sum(p.blocks for p in parts)))
+            elif len(parts) == 1:
                 out.append(parts[0])
             else:
                 out.append(KvLayer(self.next, np.concatenate([p.k for p in parts]),
@@ -1010,9 +1052,16 @@ class _Retrieval:
 
     def _join(self, layer: int, parts: list[KvLayer | None]) -> KvLayer:
         """One layer of every segment's part (zeros where a segment has nothing)."""
+        d = self.c.descriptor
+        if self.into is not None:  # the parts are rows of the caller's arrays
+            k, v = self.into[layer]
+            for r, p in zip(self.runs, parts, strict=True):
+                if p is None:
+                    k[r.row:r.row + r.n * d.block_tokens] = 0
+                    v[r.row:r.row + r.n * d.block_tokens] = 0
+            return KvLayer(layer, k, v, sum(r.n for r in self.runs))
         if len(parts) == 1 and parts[0] is not None:
             return parts[0]
-        d = self.c.descriptor
         ks, vs = [], []
         for r, p in zip(self.runs, parts, strict=True):
             rows = r.n * d.block_tokens
@@ -1026,17 +1075,20 @@ class _SegmentRun:
     """The transfer of one segment of a :class:`_Retrieval`: feeds every object of its
     selected tracks to a :class:`LayerAssembler` and recovers its missing blocks."""
 
-    def __init__(self, retrieval: _Retrieval, seg: Segment, n: int) -> None:
+    def __init__(self, retrieval: _Retrieval, seg: Segment, n: int, row: int) -> None:
         c = retrieval.c
         self.r = retrieval
         self.c = c
         self.seg = seg
         self.n = n
+        self.row = row
+        """Where the segment's tokens start in a layer of the retrieval."""
         self.assembler = LayerAssembler(
             c.descriptor, retrieval.layers, n, tracks=select_tracks(seg, c.codecs),
             first_block=seg.first_block, block_keys=c.keys,
             require_signed=c.require_signed, secure=c.secure, namespace=retrieval.pub.fields,
-            key_wait_s=c.key_wait_s, stats=c.stats)
+            key_wait_s=c.key_wait_s, stats=c.stats,
+            arrays=None if retrieval.into is None else self._arrays)
         self.assembler.use_manifest(retrieval.manifest)
         self.feeding = 0
         """Feeders (one per selected track) still running."""
@@ -1050,6 +1102,13 @@ class _SegmentRun:
                  for kind, track in self.assembler.tracks.items()]
         self.feeding = len(tasks)
         return tasks
+
+    def _arrays(self, layer: int) -> LayerArrays:
+        """This segment's rows of the caller's arrays of ``layer``."""
+        assert self.r.into is not None
+        k, v = self.r.into[layer]
+        rows = slice(self.row, self.row + self.n * self.c.descriptor.block_tokens)
+        return k[rows], v[rows]
 
     def same_segment(self, m: Manifest) -> bool:
         """``m`` (an alternate publication's manifest) has this segment with the same blocks
