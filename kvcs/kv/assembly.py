@@ -78,11 +78,12 @@ LayerArrays = tuple[np.ndarray, np.ndarray]
 """The (K, V) arrays of one layer, [tokens, kv_heads, head_dim] (V: ``v_head_dim``)."""
 
 
-def check_layer_arrays(descriptor: CompatDescriptor, rows: int, arrays: LayerArrays,
+def check_layer_arrays(descriptor: CompatDescriptor, rows: int | None, arrays: LayerArrays,
                        what: str = "arrays") -> LayerArrays:
     """The first ``rows`` tokens of caller-provided layer arrays to assemble a layer into
     (views); ValueError unless they are writeable numpy arrays of the descriptor's dtype
-    and head shapes with at least ``rows`` tokens."""
+    and head shapes with at least ``rows`` tokens (``None``: any number, a check made
+    before the manifest tells how many)."""
     try:
         k, v = arrays
     except (TypeError, ValueError):
@@ -90,9 +91,10 @@ def check_layer_arrays(descriptor: CompatDescriptor, rows: int, arrays: LayerArr
     for name, arr, shape in (("K", k, descriptor.k_shape()), ("V", v, descriptor.v_shape())):
         if not isinstance(arr, np.ndarray):
             raise ValueError(f"{what}: {name} is a {type(arr).__name__}, not a numpy array")
-        if arr.ndim != 3 or arr.shape[1:] != shape[1:] or arr.shape[0] < rows:
+        if arr.ndim != 3 or arr.shape[1:] != shape[1:] or arr.shape[0] < (rows or 0):
+            tokens = "tokens" if rows is None else f">= {rows}"
             raise ValueError(f"{what}: {name} has shape {arr.shape}, expected "
-                             f"[>= {rows}, {shape[1]}, {shape[2]}]")
+                             f"[{tokens}, {shape[1]}, {shape[2]}]")
         if arr.dtype != descriptor.dtype:
             raise ValueError(f"{what}: {name} dtype {arr.dtype}, the descriptor says "
                              f"{descriptor.dtype_name}")

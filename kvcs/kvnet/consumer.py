@@ -549,8 +549,10 @@ class KvConsumer:
         the layers into instead of new arrays (a decode worker's reused cache buffers:
         no allocation and first touch of 2 x blocks x block_tokens rows per layer); each
         needs at least blocks x block_tokens tokens, and the yielded layer's ``k`` and
-        ``v`` are views of their first ones. ValueError if they do not fit.
+        ``v`` are views of their first ones. ValueError if they do not fit: before any
+        request, but for their number of tokens, known once the manifest is read.
         """
+        self._check_into(into, layers)
         track, m = await self._manifest_for(pub, manifest)
         try:
             seg = m.segment(segment)
@@ -589,6 +591,7 @@ class KvConsumer:
         :meth:`layers`, with the tokens of every segment (:meth:`prefix_plan`): each
         segment is assembled into its rows, so the layers are not joined by a copy.
         """
+        self._check_into(into, layers)
         track, m = await self._manifest_for(pub, manifest)
         try:
             plan = self.prefix_plan(pub, m, blocks)
@@ -649,10 +652,16 @@ class KvConsumer:
     def _layer_range(self, layers: range | None) -> range:
         return layers if layers is not None else range(self.descriptor.layers)
 
+    def _check_into(self, into: Sequence[LayerArrays] | None, layers: range | None) -> None:
+        """ValueError, before any request, unless ``into`` (if given) has arrays of the
+        descriptor's dtype and head shapes for every wanted layer."""
+        if into is not None:
+            self._layer_arrays(into, self._layer_range(layers), None)
+
     def _layer_arrays(self, into: Sequence[LayerArrays], layers: range,
-                      rows: int) -> dict[int, LayerArrays]:
+                      rows: int | None) -> dict[int, LayerArrays]:
         """The first ``rows`` tokens of the caller's arrays of every wanted layer, checked
-        before anything is requested (ValueError)."""
+        before any layer object is requested (ValueError)."""
         if len(into) < layers.stop:
             raise ValueError(f"into: {len(into)} layers given, layer {layers.stop - 1} "
                              "is wanted")
