@@ -218,8 +218,13 @@ class Track:
         if obj.status == ObjectStatus.END_OF_GROUP and self._contiguous(g):
             self.close_group(obj.group_id)
         elif obj.status == ObjectStatus.END_OF_TRACK:
-            self.close_group(obj.group_id)
+            # a relay's copy may learn End of Track before earlier objects of its group,
+            # which travel on another stream (a fill): the group closes once they are in
+            if self.origin or self._contiguous(g):
+                self.close_group(obj.group_id)
             self._mark_ended()
+        elif g.end is not None and not g.closed and self._contiguous(g):
+            self.close_group(obj.group_id)  # the last missing object of an ended group
         return True
 
     def append(self, group_id: int, object_id: int, payload: bytes | memoryview, *,
