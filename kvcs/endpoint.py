@@ -127,8 +127,20 @@ class _Stream:
         self._finished = False
         self.markers: list[EndOfRange] = []
         self.reset_streams: list[int] = []  # data streams that were reset (incomplete)
+        self._deliver: Callable[[ReceivedObject], None] | None = None
+
+    def deliver_to(self, callback: Callable[[ReceivedObject], None]) -> None:
+        """Hand every object from now on to ``callback`` as it is parsed, instead of
+        queueing it for the iterator; the iterator then yields only the objects queued
+        before this call and ends (or raises) with the request. Saves an asyncio.Queue
+        put and get, and often a task switch, per object: 0.1-0.5 ms of a consumer's CPU
+        per MiB of 32 KiB objects (docs/perf-profile.md)."""
+        self._deliver = callback
 
     def _put(self, item: Any) -> None:
+        if self._deliver is not None:
+            self._deliver(item)
+            return
         self._queue.put_nowait(item)
 
     def _fail(self, exc: BaseException) -> None:

@@ -239,6 +239,17 @@ def _to_tnd(states: torch.Tensor, start: int, stop: int) -> np.ndarray:
     return t.numpy()
 
 
+def _tnd_view(states: torch.Tensor) -> np.ndarray:
+    """A CPU cache tensor [1, heads, tokens, dim] as a writeable numpy [tokens, heads, dim]
+    view (strided; bfloat16 through int16): what the consumer assembles a layer into."""
+    t = states[0]
+    if t.dtype == torch.bfloat16:
+        array = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        array = t.numpy()
+    return array.transpose(1, 0, 2)
+
+
 def _from_tnd(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """numpy [tokens, heads, dim] -> cache tensor [1, heads, tokens, dim] (shares memory
     on CPU; the cache copies it)."""
@@ -455,12 +466,14 @@ class StreamedCache(DynamicCache):
         return [i for i, placed in enumerate(self._placed) if placed]
 
     def place(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store layer ``layer``'s K and V ([1, heads, tokens, dim]) and release waiters."""
+        """Store layer ``layer``'s K and V ([1, heads, tokens, dim], kept as they are: no
+        copy) and release waiters."""
         if self._placed[layer]:
             raise ValueError(f"layer {layer} is already placed")
         target = self.layers[layer]
         assert isinstance(target, DynamicLayer)  # checked by check_model
-        target.update(k, v)
+        target.lazy_initialization(k, v)
+        target.keys, target.values = k, v  # what update() would hold, without its copy
         self._placed[layer] = True
         self._arrived[layer].set()
 
@@ -513,7 +526,9 @@ class CacheRestore:
     token is left to compute, and at most ``max_tokens`` are restored); :meth:`fill`
     retrieves their layers (all segments at once, each layer verified by the consumer) and
     places layer i as soon as every segment's layer i is there, so a forward pass in
-    another thread can start on layer 0 while later layers arrive.
+    another thread can start on layer 0 while later layers arrive. On CPU the consumer
+    assembles every segment straight into the cache's tensors (``KvConsumer.layers(...,
+    into=...)``): no layer is copied or joined on its way into the cache.
     """
 
     def __init__(self, model: PreTrainedModel, consumer: KvConsumer, input_ids: Any,
@@ -535,6 +550,8 @@ class CacheRestore:
         self.cache: StreamedCache | None = None
         self.times = RestoreTimes()
         self._parts: dict[int, dict[int, KvLayer]] = {}
+        self._tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """On CPU, the cache tensors the consumer assembles each layer into."""
 
     async def find(self, publication: Publication | None = None) -> int:
         """Find the publication (or use ``publication``) and prepare :attr:`cache`;
@@ -574,10 +591,24 @@ class CacheRestore:
         if cache is None or pub is None:
             raise RuntimeError("fill() needs a successful find()")
         device = _device(self.model)
+        d = self.consumer.descriptor
+        B = d.block_tokens
+        if device.type == "cpu":
+            # the layers are assembled straight into the cache's tensors (no copy of each
+            # layer into the cache, nor a join of the segments)
+            rows = sum(n for _, n in self.segments) * B
+            dtype = next(t for t, name in _DTYPE_NAMES.items() if name == d.dtype_name)
+            self._tensors = [
+                (torch.empty((1, d.kv_heads, rows, d.head_dim), dtype=dtype),
+                 torch.empty((1, d.kv_heads, rows, d.v_head_dim), dtype=dtype))
+                for _ in range(d.layers)]
+        arrays = [(_tnd_view(k), _tnd_view(v)) for k, v in self._tensors]
 
         async def pull(seg: Segment, blocks: int) -> None:
+            row = seg.first_block * B
+            into = [(k[row:], v[row:]) for k, v in arrays] if arrays else None
             async for layer in self.consumer.layers(pub, blocks=blocks, segment=seg.segment,
-                                                    manifest=self.manifest):
+                                                    manifest=self.manifest, into=into):
                 parts = self._parts.setdefault(layer.index, {})
                 parts[seg.segment] = layer
                 if len(parts) == len(self.segments):
@@ -600,13 +631,14 @@ class CacheRestore:
                device: torch.device) -> None:
         ordered = [parts[s.segment] for s, _ in self.segments]
         index = ordered[0].index
-        if len(ordered) == 1:
-            k, v = ordered[0].k, ordered[0].v
-        else:
-            k = np.concatenate([x.k for x in ordered])
-            v = np.concatenate([x.v for x in ordered])
         n = self.reused_tokens
-        cache.place(index, _from_tnd(k[:n], device), _from_tnd(v[:n], device))
+        if self._tensors:  # assembled in place
+            k_t, v_t = self._tensors[index]
+            cache.place(index, k_t[:, :, :n], v_t[:, :, :n])
+        else:
+            k = np.concatenate([x.k for x in ordered]) if len(ordered) > 1 else ordered[0].k
+            v = np.concatenate([x.v for x in ordered]) if len(ordered) > 1 else ordered[0].v
+            cache.place(index, _from_tnd(k[:n], device), _from_tnd(v[:n], device))
         if self.times.first_layer is None:
             self.times.first_layer = time.perf_counter()
 

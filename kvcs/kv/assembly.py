@@ -61,8 +61,10 @@ from .tracks import TrackName
 __all__ = [
     "AssemblyStats",
     "KvLayer",
+    "LayerArrays",
     "LayerAssembler",
     "Outcome",
+    "check_layer_arrays",
     "codec_implemented",
     "select_tracks",
 ]
@@ -70,6 +72,35 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RAW = codec_value("raw")
+
+
+LayerArrays = tuple[np.ndarray, np.ndarray]
+"""The (K, V) arrays of one layer, [tokens, kv_heads, head_dim] (V: ``v_head_dim``)."""
+
+
+def check_layer_arrays(descriptor: CompatDescriptor, rows: int | None, arrays: LayerArrays,
+                       what: str = "arrays") -> LayerArrays:
+    """The first ``rows`` tokens of caller-provided layer arrays to assemble a layer into
+    (views); ValueError unless they are writeable numpy arrays of the descriptor's dtype
+    and head shapes with at least ``rows`` tokens (``None``: any number, a check made
+    before the manifest tells how many)."""
+    try:
+        k, v = arrays
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: a (K, V) pair of arrays is needed") from None
+    for name, arr, shape in (("K", k, descriptor.k_shape()), ("V", v, descriptor.v_shape())):
+        if not isinstance(arr, np.ndarray):
+            raise ValueError(f"{what}: {name} is a {type(arr).__name__}, not a numpy array")
+        if arr.ndim != 3 or arr.shape[1:] != shape[1:] or arr.shape[0] < (rows or 0):
+            tokens = "tokens" if rows is None else f">= {rows}"
+            raise ValueError(f"{what}: {name} has shape {arr.shape}, expected "
+                             f"[{tokens}, {shape[1]}, {shape[2]}]")
+        if arr.dtype != descriptor.dtype:
+            raise ValueError(f"{what}: {name} dtype {arr.dtype}, the descriptor says "
+                             f"{descriptor.dtype_name}")
+        if not arr.flags.writeable:
+            raise ValueError(f"{what}: {name} is read-only")
+    return k[:rows], v[:rows]
 
 
 @dataclass
@@ -164,11 +195,16 @@ class _LayerBuffer:
     manifest's listing)."""
 
     @classmethod
-    def empty(cls, desc: CompatDescriptor, blocks: int) -> _LayerBuffer:
+    def empty(cls, desc: CompatDescriptor, blocks: int,
+              arrays: LayerArrays | None = None) -> _LayerBuffer:
+        """A layer with nothing placed, in ``arrays`` (checked) or new arrays."""
         rows = blocks * desc.block_tokens
-        return cls(np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype),
-                   np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype),
-                   np.zeros(blocks, dtype=bool), np.zeros(blocks, dtype=bool))
+        if arrays is None:
+            k = np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype)
+            v = np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype)
+        else:
+            k, v = check_layer_arrays(desc, rows, arrays)
+        return cls(k, v, np.zeros(blocks, dtype=bool), np.zeros(blocks, dtype=bool))
 
     def complete(self) -> bool:
         return self.placed == 2 * len(self.have_k)
@@ -240,6 +276,11 @@ class LayerAssembler:
     are accepted only where the manifest, authenticated by the same keys, lists their
     digests. An object with an unknown Key ID is held ``key_wait_s`` seconds (``clock``)
     for its key. ``stats`` is updated in place (shared with the caller's counters).
+    ``arrays``: where each layer is assembled, called with the layer index when its
+    first object or container arrives: (K, V) arrays with at least ``blocks`` x
+    block_tokens tokens (:func:`check_layer_arrays`; the first ones are written and handed
+    out), e.g. a decode worker's reused cache buffers, whose memory is then not allocated
+    and faulted in again for every layer; default: new arrays.
     """
 
     def __init__(
@@ -257,6 +298,7 @@ class LayerAssembler:
         key_wait_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         stats: AssemblyStats | None = None,
+        arrays: Callable[[int], LayerArrays] | None = None,
     ) -> None:
         if (layers.step != 1 or layers.start < 0 or layers.stop > descriptor.layers
                 or not len(layers)):
@@ -283,6 +325,7 @@ class LayerAssembler:
         self._given_up: set[int] = set()  # Key IDs whose objects waited in vain
         self._block_tokens = descriptor.block_tokens
         self._buffers: dict[int, _LayerBuffer] = {}
+        self._arrays = arrays
         self._signed: dict[Component, list[list[str]]] = {}
         self._next = layers.start
 
@@ -359,12 +402,16 @@ class LayerAssembler:
 
     def accept(self, kind: Component, layer: int, block: int, payload: Buffer, *,
                publisher_priority: int = 128, properties: Properties = (),
-               namespace: Sequence[bytes] | None = None) -> Outcome:
+               namespace: Sequence[bytes] | None = None,
+               data_sha256: bytes | None = None) -> Outcome:
         """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it.
 
         ``publisher_priority`` (effective, :func:`~kvcs.kv.secure.effective_priority`) and
         ``properties`` as received matter for protected objects (the AAD); ``namespace``
-        is that of another publication whose objects recover this one's (deterministic)."""
+        is that of another publication whose objects recover this one's (deterministic).
+        ``data_sha256``: the SHA-256 of the payload's octets after the 68-octet header,
+        computed beforehand (e.g. a batch in a worker thread); only for an unprotected
+        retrieval (a protected object is hashed once decrypted). None: hashed here."""
         if layer < self._next or layer >= self.layers.stop:
             return Outcome.IGNORED
         if block >= self.blocks:
@@ -377,7 +424,8 @@ class LayerAssembler:
         ns = self.namespace if namespace is None else tuple(namespace)
         try:
             digest = self._verify_and_place(buf, kind, layer, block, payload,
-                                            publisher_priority, properties, ns)
+                                            publisher_priority, properties, ns,
+                                            None if self.secure is not None else data_sha256)
         except UnknownKeyIdError as exc:
             return self._hold(kind, layer, block, _Held(
                 payload, publisher_priority, properties, ns, exc.key_id,
@@ -397,14 +445,15 @@ class LayerAssembler:
 
     def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
                           payload: Buffer, priority: int, properties: Properties,
-                          namespace: tuple[bytes, ...]) -> bytes:
+                          namespace: tuple[bytes, ...], data_sha256: bytes | None) -> bytes:
         codec = self._codecs.get(kind)
         if codec is None:
             raise VerificationError(f"no {kind.value} track is selected")
         plain = open_object(self.secure, namespace, self._names[kind], layer, block, payload,
                             publisher_priority=priority, properties=properties)
         hdr = verify_payload(plain, group=layer, object_id=block,
-                             expected_digest=self._listed(kind, layer, block))
+                             expected_digest=self._listed(kind, layer, block),
+                             data_sha256=data_sha256)
         if hdr.component != kind.field:
             raise VerificationError(f"component {hdr.component} on the {kind.value} track")
         if hdr.token_count != self._block_tokens or hdr.codec != codec:
@@ -564,5 +613,7 @@ class LayerAssembler:
     def _buffer(self, layer: int) -> _LayerBuffer:
         buf = self._buffers.get(layer)
         if buf is None:
-            buf = self._buffers[layer] = _LayerBuffer.empty(self.descriptor, self.blocks)
+            arrays = None if self._arrays is None else self._arrays(layer)
+            buf = self._buffers[layer] = _LayerBuffer.empty(self.descriptor, self.blocks,
+                                                            arrays)
         return buf

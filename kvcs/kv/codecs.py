@@ -359,6 +359,13 @@ def decode_sections_into(codec: str | int, sections: Sequence[Buffer], out: np.n
         _q8_decode_blocks(sections, out)
         return
     b = t // n
+    if value == 1:  # raw: checked and copied here (a consumer calls this per object)
+        raw_len = b * h * d * dt.itemsize
+        for i, data in enumerate(sections):
+            if len(data) != raw_len:
+                raise CodecError(f"raw section is {len(data)} octets, expected {raw_len}")
+            out[i * b : (i + 1) * b] = np.frombuffer(data, dtype=dt).reshape(b, h, d)
+        return
     for i, data in enumerate(sections):
         out[i * b : (i + 1) * b] = decode_section(value, data, dt, (b, h, d))
 

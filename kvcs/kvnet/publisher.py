@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -55,16 +55,15 @@ from ..kv.ids import (
     scope_id,
 )
 from ..kv.manifest import Manifest, Protection, Segment
-from ..kv.payload import HEADER_SIZE, build_payload, data_digest
+from ..kv.payload import HEADER_SIZE, build_headers
 from ..kv.secure import ContentKey, SecureObjects
 from ..kv.tracks import TrackName
 from ..moqt.track import Track
 from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
 from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
+from .offload import sha256_digests
 
 log = logging.getLogger(__name__)
-
-_YIELD_EVERY = 8  # objects published between two event-loop turns within a layer
 
 
 class PublishTarget(Protocol):
@@ -344,9 +343,9 @@ class KvPublisher:
 
         ``tokens`` must be at least the segment's blocks x block_tokens (extra trailing
         tokens, a partial block, are ignored). Layers of a segment go in order 0..L-1.
-        Each component's blocks are encoded in one call, then objects are published as
-        they are hashed (and encrypted), and the event loop runs every few objects, so the
-        first blocks of a layer are on the wire before the last are hashed.
+        Each component's blocks are encoded in one call and hashed in a worker thread
+        (:mod:`kvcs.kvnet.offload`) while the event loop sends what was published before;
+        a track's objects are published (encrypted if protected) once its digests are in.
         Concurrent calls are serialized. Waits for the send queue to drain below
         ``options.drain_limit`` (back-pressure).
         """
@@ -386,15 +385,23 @@ class KvPublisher:
         ep = self.endpoint
         rows = seg.blocks * B
         k, v = k[:rows], v[:rows]
+        # every track's sections first (raw: views; q8: one compiled pass), and their
+        # digests hashed in a worker thread, one track after the other, while the event
+        # loop sends the previous layer (and the tracks published before)
+        encoded = [(kind, codec, name, encode_component_sections(kind, codec, k, v, B))
+                   for kind, codec, name in tracks]
+        hashing = [asyncio.ensure_future(sha256_digests(sections))
+                   for _, _, _, sections in encoded]
 
-        def objects(kind: Component, codec: str, name: str,
-                    ) -> Iterator[tuple[bytes, Properties, str]]:
-            """(payload, properties, hex Data Digest) of each block, encoded on demand."""
-            sections = encode_component_sections(kind, codec, k, v, B)
-            for b, data in enumerate(sections):
-                header, body = build_payload(kind, layer, b, token0 + b * B, B, codec, data)
-                payload, props = self._protect(name.encode(), layer, b, (header, body), prio)
-                yield payload, props, data_digest(header).hex()
+        async def objects(i: int) -> list[tuple[bytes, Properties, str]]:
+            """(payload, properties, hex Data Digest) of each block of track ``i``."""
+            kind, codec, name, sections = encoded[i]
+            digests = await hashing[i]
+            headers = build_headers(kind, layer, token0, B, codec, sections, digests)
+            protect, track_name = self._protect, name.encode()
+            return [(*protect(track_name, layer, b, (header, data), prio), digest.hex())
+                    for b, (header, data, digest)
+                    in enumerate(zip(headers, sections, digests, strict=True))]
 
         def end_group(track: Track) -> None:
             ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
@@ -403,38 +410,34 @@ class KvPublisher:
                 ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
                            priority=prio)
 
-        if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
-            # Group sizes are known (checked exactly when the segment was added): publish
-            # each object as it is made and let the event loop send between batches, so
-            # a layer's first objects leave while the rest is still being hashed.
-            for kind, codec, name in tracks:
-                track = seg.tracks[name]
-                digests: list[str] = []
-                for b, (payload, props, digest) in enumerate(objects(kind, codec, name)):
-                    digests.append(digest)
-                    ep.publish(track, layer, b, payload, priority=prio, properties=props)
-                    if b % _YIELD_EVERY == _YIELD_EVERY - 1:
-                        await asyncio.sleep(0)
-                end_group(track)
-                seg.digests[name].append(digests)
-        else:
-            # compressed groups under a byte cap: encode every Group of the layer first, so
-            # that a layer over the cap publishes nothing
-            groups: list[tuple[str, list[tuple[bytes, Properties, str]]]] = []
-            for kind, codec, name in tracks:
-                made = list(objects(kind, codec, name))
-                total = sum(len(payload) for payload, _, _ in made)
-                if total > o.max_group_bytes:
-                    raise self._fail(
-                        f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte group "
-                        "limit of the relay: use a smaller segment")
-                groups.append((name, made))
-            for name, made in groups:
-                track = seg.tracks[name]
-                for b, (payload, props, _) in enumerate(made):
-                    ep.publish(track, layer, b, payload, priority=prio, properties=props)
-                end_group(track)
-                seg.digests[name].append([digest for _, _, digest in made])
+        def publish(name: str, made: list[tuple[bytes, Properties, str]]) -> None:
+            track = seg.tracks[name]
+            for b, (payload, props, _) in enumerate(made):
+                ep.publish(track, layer, b, payload, priority=prio, properties=props)
+            end_group(track)
+            seg.digests[name].append([digest for _, _, digest in made])
+
+        try:
+            if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
+                # Group sizes are known (checked exactly when the segment was added):
+                # publish each track as soon as its digests are there
+                for i, (_, _, name, _) in enumerate(encoded):
+                    publish(name, await objects(i))
+            else:
+                # compressed groups under a byte cap: make every Group of the layer first,
+                # so that a layer over the cap publishes nothing
+                groups = [(name, await objects(i)) for i, (_, _, name, _) in enumerate(encoded)]
+                for name, made in groups:
+                    total = sum(len(payload) for payload, _, _ in made)
+                    if total > o.max_group_bytes:
+                        raise self._fail(
+                            f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte "
+                            "group limit of the relay: use a smaller segment")
+                for name, made in groups:
+                    publish(name, made)
+        finally:
+            for task in hashing:  # an error (or cancellation) leaves no hashing behind
+                task.cancel()
         seg.next_layer = layer + 1
         seg.layers_done += 1
         seg.since_manifest += 1

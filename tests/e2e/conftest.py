@@ -45,6 +45,15 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(tmp_path_factory.mktemp("e2e-certs"))
 
 
+@pytest.fixture(params=["inline", "worker"])
+def hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """SHA-256 of the tiny test objects inline (as the tests' sizes make it) or, forced,
+    in the worker thread (as a real model's layers are hashed)."""
+    if request.param == "worker":
+        monkeypatch.setattr("kvcs.kvnet.offload.INLINE_BYTES", 0)
+    return str(request.param)
+
+
 @pytest.fixture
 async def net(cert_dir: Path) -> AsyncIterator[LocalNet]:
     async with LocalNet(cert_dir) as n:

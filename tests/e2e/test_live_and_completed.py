@@ -15,7 +15,7 @@ from kvcs.testing import LocalNet
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 
 
-async def test_live_consumer_mid_production(net: LocalNet) -> None:
+async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None:
     relay = await net.relay()
     pub_ep = await net.client(relay)
     cons_ep = await net.client(relay)
@@ -102,7 +102,7 @@ async def test_completed_through_two_relays(net: LocalNet) -> None:
     assert all(np.array_equal(a.k, b.k) for a, b in zip(got, got2, strict=True))
 
 
-async def test_joint_tracks_q8_and_zstd(net: LocalNet) -> None:
+async def test_joint_tracks_q8_and_zstd(net: LocalNet, hashing: str) -> None:
     """The optional joint ``kv.<codec>`` track: zstd is lossless, q8 within its bound."""
     from kvcs.kvnet.publisher import PublisherOptions
 

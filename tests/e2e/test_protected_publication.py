@@ -84,7 +84,7 @@ async def take(consumer: KvConsumer) -> list:
     return [x async for x in consumer.layers(found)]
 
 
-async def test_through_a_relay_and_two_chained_relays(net: LocalNet) -> None:
+async def test_through_a_relay_and_two_chained_relays(net: LocalNet, hashing: str) -> None:
     a = await net.relay()
     b = await net.relay(upstream=a)
     data = cache(31)
@@ -139,7 +139,7 @@ async def test_unprotected_publication_refused_by_a_consumer_with_keys(net: Loca
     assert "Immutable Properties" in consumer.discarded[0][1]
 
 
-async def test_key_rotation_mid_publication(net: LocalNet) -> None:
+async def test_key_rotation_mid_publication(net: LocalNet, hashing: str) -> None:
     """The publisher starts Key ID 2 at layer 3; a live consumer and one that joins after
     the publication ended, both holding keys 1 and 2, get every layer."""
     scope = ScopeFile.new(SCOPE)  # key 1 only

@@ -84,7 +84,8 @@ async def test_prefix_layers_join_every_covering_segment(net: LocalNet) -> None:
     assert got2[0].blocks == BLOCKS and same(got2[0].k, seg0[0][0])
 
 
-async def test_missing_blocks_named_within_the_prefix(net: LocalNet) -> None:
+@pytest.mark.parametrize("into", [False, True])
+async def test_missing_blocks_named_within_the_prefix(net: LocalNet, into: bool) -> None:
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.drop = {(b"k.raw.s1", 3, 1), (b"v.raw.s0", 4, 2)}  # type: ignore[misc]
@@ -94,11 +95,15 @@ async def test_missing_blocks_named_within_the_prefix(net: LocalNet) -> None:
     found = await consumer.discover()
     assert found is not None
     got = []
+    buffers = _arrays((BLOCKS + 3) * BLOCK) if into else None
     with pytest.raises(RecomputeRequired) as info:
-        async for layer in consumer.prefix_layers(found):
+        async for layer in consumer.prefix_layers(found, into=buffers):
             got.append(layer)
     assert [x.index for x in got] == [0, 1, 2]
     assert info.value.missing == {3: [BLOCKS + 1], 4: [2]}  # block 1 of segment 1 = 17
+    if buffers is not None:  # the partial layers are the caller's arrays too
+        assert all(np.shares_memory(x.k, buffers[i][0])
+                   for i, x in info.value.partial.items())
     # what was verified is kept: layer 3 lacks only block 17 (zero rows), layer 5 is whole
     partial = info.value.partial
     assert sorted(partial) == [3, 4, 5]
@@ -142,3 +147,57 @@ async def test_live_segments_followed_through_the_manifest(net: LocalNet) -> Non
     assert consumer.stats.manifest_versions >= 3  # discovery, the retrieval's, newer ones
     assert consumer.manifests[found.fields].segments[1].complete
     assert consumer.stats.rejected == 0 and consumer.stats.duplicates == 0
+
+
+def _arrays(tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A decode worker's own (K, V) buffers of every layer, with room to spare."""
+    return [(np.full((tokens, 2, 64), 7, DESC.dtype), np.full((tokens, 2, 64), 7, DESC.dtype))
+            for _ in range(LAYERS)]
+
+
+async def test_layers_assembled_into_the_callers_arrays(net: LocalNet) -> None:
+    """``into``: each segment is written straight into its rows of the caller's arrays; the
+    yielded layers are views of them (no join), the rows beyond the prefix untouched."""
+    relay = await net.relay()
+    seg0, seg1 = await _two_segments(net, relay, 48)
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, np.concatenate([PROMPT, EXTRA]))
+    found = await consumer.discover()
+    assert found is not None
+    rows = (BLOCKS + 3) * BLOCK
+    buffers = _arrays(rows + 5)
+    got = [x async for x in consumer.prefix_layers(found, into=buffers)]
+    assert [x.index for x in got] == list(range(LAYERS))
+    for x in got:
+        k, v = _joined(seg0, seg1, x.index)
+        assert same(x.k, k) and same(x.v, v)
+        own_k, own_v = buffers[x.index]
+        assert np.shares_memory(x.k, own_k) and np.shares_memory(x.v, own_v)
+        assert (own_k[rows:].view(np.uint16) == own_k[rows:][0].view(np.uint16)).all()
+    # one segment, a layer range, into transposed (strided) views of [heads, tokens, dim]
+    heads_first = [np.zeros((2, BLOCKS * BLOCK, 64), DESC.dtype) for _ in range(2 * LAYERS)]
+    views = [(heads_first[2 * i].transpose(1, 0, 2), heads_first[2 * i + 1].transpose(1, 0, 2))
+             for i in range(LAYERS)]
+    part = [x async for x in consumer.layers(found, range(1, 3), into=views)]
+    assert [x.index for x in part] == [1, 2]
+    for x in part:
+        assert same(np.ascontiguousarray(x.k), seg0[x.index][0])
+        assert same(heads_first[2 * x.index + 1].transpose(1, 0, 2), seg0[x.index][1])
+
+
+@pytest.mark.parametrize(("into", "match"), [
+    (lambda: _arrays(BLOCKS * BLOCK)[:3], "3 layers given, layer 5 is wanted"),
+    (lambda: _arrays(BLOCKS * BLOCK - 1), r"into\[0\]: K has shape \(63, 2, 64\), "
+                                           r"expected \[>= 64, 2, 64\]"),
+    (lambda: [(np.zeros((64, 2, 64), np.float32),) * 2] * LAYERS, "dtype float32"),
+    (lambda: [(np.zeros((64, 2, 64), DESC.dtype),)] * LAYERS, "a \\(K, V\\) pair"),
+])
+async def test_arrays_that_do_not_fit_are_refused_before_any_request(
+        net: LocalNet, into: object, match: str) -> None:
+    relay = await net.relay()
+    await _two_segments(net, relay, 50)
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+    found = await consumer.discover()
+    assert found is not None
+    with pytest.raises(ValueError, match=match):
+        _ = [x async for x in consumer.layers(found, into=into())]  # type: ignore[operator]
+    assert consumer.stats.objects == 0

@@ -71,7 +71,8 @@ def _check(layers: list, data: list) -> None:
 
 
 @pytest.mark.parametrize("mode", ["flip", "drop"])
-async def test_bad_objects_recovered_from_another_relay(net: LocalNet, mode: str) -> None:
+async def test_bad_objects_recovered_from_another_relay(net: LocalNet, mode: str,
+                                                        hashing: str) -> None:
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     bad = {(b"k.raw.s0", 2, 3), (b"v.raw.s0", 4, 0)}
@@ -108,7 +109,8 @@ async def test_unrecoverable_objects_reported_for_recompute(net: LocalNet) -> No
     assert info.value.yielded == 3
 
 
-async def test_swapped_publication_detected_by_signed_digests(net: LocalNet) -> None:
+async def test_swapped_publication_detected_by_signed_digests(net: LocalNet,
+                                                               hashing: str) -> None:
     key = ProducerKey.generate("prefill-1")
     keyring = Keyring()
     keyring.add_producer(key)

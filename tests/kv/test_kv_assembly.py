@@ -644,3 +644,46 @@ def test_sections_decoded_into_the_layer(codec: str) -> None:
         data = encode_component(K, codec, k[rows], v[rows])
         want, _ = decode_component(K, codec, data, DESC.dtype, (B, 2, 4), (B, 2, 4))
         assert want is not None and same(layer.k[rows], want)
+
+
+def test_data_digest_computed_beforehand() -> None:
+    """A digest hashed elsewhere (the consumer's worker thread) decides like one hashed
+    here: the right one places the object, a wrong one rejects it (missing)."""
+    asm = assembler()
+    good = obj(K, 0, 0)
+    assert asm.accept(K, 0, 0, good, data_sha256=hashlib.sha256(good[68:]).digest()) \
+        is Outcome.PLACED
+    assert asm.accept(K, 0, 1, obj(K, 0, 1), data_sha256=bytes(32)) is Outcome.REJECTED
+    assert asm.stats.rejected == 1 and asm.missing()[0] == [0, 1, 2, 3]
+
+
+def test_protected_objects_ignore_a_digest_of_the_ciphertext() -> None:
+    keys = content_keys(1)
+    asm = protected(keys)
+    assert asm.accept(K, 0, 0, **sealed(keys, K, 0, 0), data_sha256=bytes(32)) \
+        is Outcome.PLACED
+
+
+def test_layers_assembled_into_given_arrays() -> None:
+    given = {layer: (np.zeros((B * BLOCKS + 1, 2, 4), DESC.dtype),
+                     np.zeros((B * BLOCKS + 1, 2, 4), DESC.dtype)) for layer in range(LAYERS)}
+    asked: list[int] = []
+
+    def arrays(layer: int) -> tuple[np.ndarray, np.ndarray]:
+        asked.append(layer)
+        return given[layer]
+
+    asm = assembler(arrays=arrays)
+    for layer in (1, 0):
+        feed_layer(asm, layer)
+    got = asm.pop_ready()
+    assert asked == [1, 0] and [x.index for x in got] == [0, 1]
+    for x in got:
+        assert np.shares_memory(x.k, given[x.index][0]) and x.k.shape[0] == B * BLOCKS
+        assert same(x.k, DATA[x.index][0]) and same(x.v, DATA[x.index][1])
+
+
+def test_given_arrays_are_checked() -> None:
+    asm = assembler(arrays=lambda layer: (np.zeros((B * BLOCKS, 2, 4), np.float16),) * 2)
+    with pytest.raises(ValueError, match="arrays: K dtype float16"):
+        asm.accept(K, 0, 0, obj(K, 0, 0))

@@ -10,8 +10,10 @@ import pytest
 from kvcs.kv.errors import DigestError, HeaderError, VerificationError
 from kvcs.kv.payload import (
     HEADER_SIZE,
+    build_headers,
     build_payload,
     build_payload_bytes,
+    data_digests,
     parse_header,
     verify_payload,
 )
@@ -115,3 +117,41 @@ def test_flags_and_reserved_ignored():
 def test_build_rejects(args):
     with pytest.raises(ValueError):
         build_payload(*args, b"")
+
+
+def test_build_headers_equal_build_payload_per_block():
+    sections = [os.urandom(96) for _ in range(5)]
+    digests = data_digests(sections)
+    assert digests == [hashlib.sha256(x).digest() for x in sections]
+    headers = build_headers("v", 9, 1 << 33, 16, "zstd", sections, digests)
+    for b, (header, data) in enumerate(zip(headers, sections, strict=True)):
+        assert header == build_payload("v", 9, b, (1 << 33) + 16 * b, 16, "zstd", data)[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("x", 0, 0, 4, 1), "component"),
+        (("k", 1 << 32, 0, 4, 1), "layer"),
+        (("k", 0, (1 << 64) - 4, 4, 1), "token_start"),
+        (("k", 0, 0, 4, "lz4"), "lz4"),
+    ],
+)
+def test_build_headers_rejects(args, match):
+    sections = [b"ab", b"cd"]
+    with pytest.raises(ValueError, match=match):
+        build_headers(*args, sections, data_digests(sections))
+
+
+def test_build_headers_needs_a_digest_per_section():
+    with pytest.raises(ValueError, match="1 digests for 2 sections"):
+        build_headers("k", 0, 0, 4, 1, [b"ab", b"cd"], [bytes(32)])
+    with pytest.raises(ValueError, match="not 32"):
+        build_headers("k", 0, 0, 4, 1, [b"ab"], [bytes(31)])
+
+
+def test_verify_with_a_digest_computed_beforehand():
+    data = bytes(range(64))
+    verify_payload(GOOD, group=2, object_id=5, data_sha256=hashlib.sha256(data).digest())
+    with pytest.raises(DigestError, match="does not match the data"):
+        verify_payload(GOOD, group=2, object_id=5, data_sha256=bytes(32))
