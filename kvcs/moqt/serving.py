@@ -52,6 +52,14 @@ from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
 log = logging.getLogger(__name__)
 
 _END = Location(MAX_VI64, MAX_VI64)
+_RESET_FOR_DONE = {
+    PublishDoneCode.GOING_AWAY: StreamResetCode.GOING_AWAY,
+    PublishDoneCode.TOO_FAR_BEHIND: StreamResetCode.TOO_FAR_BEHIND,
+    PublishDoneCode.EXCESSIVE_LOAD: StreamResetCode.EXCESSIVE_LOAD,
+    PublishDoneCode.MALFORMED_TRACK: StreamResetCode.MALFORMED_TRACK,
+}
+"""The code of the RESET_STREAMs that cut a subscription's data streams short, by the
+PUBLISH_DONE status that ends it (INTERNAL_ERROR for the others)."""
 
 
 class FilterError(ValueError):
@@ -303,15 +311,23 @@ class TrackServer:
         return False
 
     def end_subscription(self, request_id: int, status: int, reason: str = "") -> None:
-        """End a served subscription now (PUBLISH_DONE), e.g. upstream went away."""
+        """End a served subscription now, e.g. upstream went away: its open data streams
+        (live subgroups, fills) are reset with the code matching ``status``, then
+        PUBLISH_DONE ``status`` (digest 4.11: after every stream is closed or reset)."""
         sub = self._subs.pop(request_id, None)
         if sub is None:
             return
         sub.done = True
+        code = _RESET_FOR_DONE.get(status, StreamResetCode.INTERNAL_ERROR)
         for cur in sub.cursors:
             if not cur.done:
                 cur.done = True
-                self.session.reset_data_stream(cur.stream_id, StreamResetCode.INTERNAL_ERROR)
+                self._blocked.pop(cur.stream_id, None)
+                self.session.reset_data_stream(cur.stream_id, code)
+        for sid in sub.streams.values():
+            if self.session.data_stream_open(sid):
+                self.session.reset_data_stream(sid, code)
+        sub.streams.clear()
         self.session.publish_done(request_id, status, reason)
         self._unwatch_if_idle(sub.track)
         self._notify_done(request_id)

@@ -215,12 +215,6 @@ async def test_malformed_input_closes_only_the_offender(net: LocalNet, case: str
     assert not pub.is_closed and not consumer.is_closed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs relay fix: a malformed upstream track ends the downstream subscriptions with "
-    "PUBLISH_DONE INTERNAL_ERROR (0x0); digest 8.8 wants MALFORMED_TRACK (0x12). The "
-    "upstream session reports it as RequestFailed(code=0x12): kvcs/relay/links.py "
-    "Links.on_event maps every RequestFailed to _failed(INTERNAL_ERROR) and lost() to "
-    "PublishDoneCode.INTERNAL_ERROR"))
 async def test_malformed_track_from_a_publisher(net: LocalNet) -> None:
     """A publisher breaks its track (an object after End of Group): the relay cancels its
     upstream subscription with MALFORMED_TRACK (only that request: the publisher's session
