@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
@@ -404,6 +404,7 @@ class BoundSession:
 
 
 B = TypeVar("B", bound=BoundSession)
+T = TypeVar("T")
 
 
 def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
@@ -524,6 +525,17 @@ class Endpoint(BoundSession):
         self._requests.pop(request_id, None)
         self.flush()
 
+    async def _answer(self, request_id: int, answer: Awaitable[T]) -> T:
+        """Wait for the answer to our request ``request_id``. A caller that stops waiting
+        (its task cancelled, e.g. by a timeout) never gets the request's handle, so the
+        request is cancelled on both ends instead of staying registered."""
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if request_id in self._requests and not self.is_closed:
+                self._cancel(request_id)
+            raise
+
     # ----------------------------------------------------------------- publishing
 
     def create_track(self, namespace: TrackNamespace, name: bytes,
@@ -551,7 +563,7 @@ class Endpoint(BoundSession):
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         self.schedule_flush()
-        await fut
+        await self._answer(rid, fut)
         ns = tuple(namespace)
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
@@ -649,7 +661,7 @@ class Endpoint(BoundSession):
         sub = Subscription(self, rid)
         self._requests[rid] = sub
         self.schedule_flush()
-        sub.ok = await sub._accepted
+        sub.ok = await self._answer(rid, sub._accepted)
         return sub
 
     async def fetch(
@@ -671,7 +683,7 @@ class Endpoint(BoundSession):
         res = FetchResult(self, rid)
         self._requests[rid] = res
         self.schedule_flush()
-        res.ok = await res._accepted
+        res.ok = await self._answer(rid, res._accepted)
         return res
 
     async def track_status(self, namespace: TrackNamespace, name: bytes) -> RequestOk:
@@ -680,7 +692,7 @@ class Endpoint(BoundSession):
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         self.schedule_flush()
-        return await fut
+        return await self._answer(rid, fut)
 
     async def subscribe_namespace(self, prefix: TrackNamespace) -> NamespaceWatch:
         """SUBSCRIBE_NAMESPACE; iterate the watch for (announced, namespace) changes."""
@@ -688,7 +700,7 @@ class Endpoint(BoundSession):
         watch = NamespaceWatch(self, rid)
         self._requests[rid] = watch
         self.schedule_flush()
-        await watch._accepted
+        await self._answer(rid, watch._accepted)
         return watch
 
     # ----------------------------------------------------------------- serving

@@ -348,6 +348,13 @@ class Relay:
         if self.namespaces.withdraw(peer, rid) or self.namespaces.unwatch(peer, rid):
             return
         peer.served.pop(rid, None)
+        for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
+            for fwd, asker in list(source.status_forwarded.items()):
+                if asker == (peer, rid):
+                    del source.status_forwarded[fwd]
+                    if not source.is_closed:
+                        source.session.cancel(fwd)
+                        source.schedule_flush()
 
     # ------------------------------------------------------------------ routing
 
