@@ -206,19 +206,22 @@ class Track:
         self.bytes += len(obj.payload)
         self.count += 1
         loc = obj.location
-        if obj.status == ObjectStatus.END_OF_GROUP:
-            g.end = obj.object_id
-        elif obj.status == ObjectStatus.END_OF_TRACK:
-            g.end = obj.object_id
+        ends = obj.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
+        if ends:
+            # End of Group then End of Track (the next Object ID) is how KVCS ends a
+            # track: the first marker bounds the group, whichever arrives first
+            g.end = obj.object_id if g.end is None else min(g.end, obj.object_id)
+        if obj.status == ObjectStatus.END_OF_TRACK:
             self.end_of_track = loc
         if self.largest is None or loc > self.largest:
             self.largest = loc
         for listener in list(self.listeners):
             listener(self, "object", obj)
-        if obj.status == ObjectStatus.END_OF_GROUP and self._contiguous(g):
+        if ends and (self.origin or self._contiguous(g)):
+            # a cached copy may learn the end before objects still in flight on other
+            # streams: the group is closed once they are all in (or the fill settles it)
             self.close_group(obj.group_id)
-        elif obj.status == ObjectStatus.END_OF_TRACK:
-            self.close_group(obj.group_id)
+        if obj.status == ObjectStatus.END_OF_TRACK:
             self._mark_ended()
         return True
 
@@ -232,9 +235,11 @@ class Track:
 
     @staticmethod
     def _contiguous(g: _Group) -> bool:
-        if g.end is None:
+        """Every Object ID from 0 to the group's last one is here (or aged out), and an
+        end marker is among them."""
+        if g.end is None or not g.ids:
             return False
-        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == g.end + 1
+        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == g.ids[-1] + 1
 
     def close_group(self, group_id: int) -> None:
         """Record that every object of ``group_id`` is known (present or absent)."""
