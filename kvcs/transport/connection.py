@@ -251,18 +251,19 @@ class MoqtConnection:
             self._flush_handle = self._loop.call_soon(self.flush)
 
     def open_stream(self, unidirectional: bool) -> int:
-        """StreamOpener: allocate a new local stream (no I/O)."""
+        """StreamOpener: allocate a new local stream (no I/O). Past the peer's stream
+        limit the stream exists for the session at once; what is written on it waits in
+        the send scheduler until the peer's MAX_STREAMS lets it out."""
         if self._wt is not None:
-            stream_id = self._wt.open_stream(unidirectional)
+            stream_id, preamble = self._wt.open_stream(unidirectional)
         else:
-            stream_id = self._quic.get_next_available_stream_id(unidirectional)
-            try:
-                # create it now so that the next call gets a new ID
-                self._quic.send_stream_data(stream_id, b"")
-            except self._errors:
-                # qh3: the connection closed before the session heard of it; the stream
-                # is dead and the session learns of the close from the next event
-                logger.debug("stream %d opened on a closed connection", stream_id)
+            stream_id, preamble = self._quic.get_next_available_stream_id(unidirectional), b""
+        try:
+            self._scheduler.open(stream_id, preamble)  # the next call gets a new ID
+        except self._errors:
+            # the connection closed before the session heard of it; the stream is dead
+            # and the session learns of the close from the next event
+            logger.debug("stream %d opened on a closed connection", stream_id)
         self._transmit_soon()
         return stream_id
 
@@ -605,9 +606,8 @@ class MoqtConnection:
             elif isinstance(action, SetStreamPriority):
                 self._scheduler.set_priority(action.stream_id, action.priority)
             elif isinstance(action, ResetStream):
-                self._scheduler.drop(action.stream_id)
                 code = wt_to_http_error(action.code) if wt else action.code
-                quic.reset_stream(action.stream_id, code)
+                self._scheduler.reset(action.stream_id, code)
             elif isinstance(action, StopSending):
                 code = wt_to_http_error(action.code) if wt else action.code
                 quic.stop_stream(action.stream_id, code)

@@ -45,8 +45,8 @@ KVCS_FILES = str(Path(kvcs.__file__).parent / "*")
 IN_FLIGHT = 32
 """Requests (streams) a flooding client keeps open at once. The relay's qh3 grants 100
 bidirectional streams, and its MAX_STREAMS lags behind the streams both ends have
-finished (by up to ~70 measured): past the credit, qh3 refuses to open a stream and the
-transport may drop it, so the flood is paced by the relay's answers instead."""
+finished (by up to ~70 measured): past the credit, streams wait for it in the client's
+send scheduler, so the flood is paced by the relay's answers instead."""
 
 
 def payload(g: int, o: int) -> bytes:
