@@ -52,7 +52,7 @@ from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
 log = logging.getLogger(__name__)
 
 _END = Location(MAX_VI64, MAX_VI64)
-_RESET_FOR_DONE = {
+_RESET_FOR_DONE: dict[int, int] = {
     PublishDoneCode.GOING_AWAY: StreamResetCode.GOING_AWAY,
     PublishDoneCode.TOO_FAR_BEHIND: StreamResetCode.TOO_FAR_BEHIND,
     PublishDoneCode.EXCESSIVE_LOAD: StreamResetCode.EXCESSIVE_LOAD,
