@@ -101,3 +101,28 @@ async def test_end_of_track_overtaking_its_group_loses_nothing(env: Env) -> None
     assert sub.done is not None and sub.done.status == PublishDoneCode.TRACK_ENDED
     cached = relay.cache.get((NS, b"t"))
     assert cached is not None and cached.complete and cached.count == n + 2
+
+
+SEQUENTIAL_FETCHES = 3000
+"""More than the ~2,600 FETCHes after which a qh3 session was once seen to stop granting
+stream credit (each FETCH takes a bidirectional and a unidirectional stream)."""
+
+
+async def test_thousands_of_sequential_fetches_on_one_session(env: Env) -> None:
+    """A long-lived decode worker's pattern: FETCH after FETCH on one session through a
+    relay. Every request ends on both ends and returns its streams' credit, so the
+    session never stalls (each FETCH is bounded to 5 s) and keeps no request state."""
+    relay = await env.relay()
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"t")
+    for o in range(3):
+        track.append(0, o, payload(0, o, 256))
+    track.append(0, 3, b"", status=ObjectStatus.END_OF_TRACK)
+    consumer = await env.client(relay)
+    for i in range(SEQUENTIAL_FETCHES):
+        res = await asyncio.wait_for(consumer.fetch(NS, b"t"), 5)
+        got = await res.collect(timeout=5)
+        assert [o.object_id for o in got] == [0, 1, 2], i
+    await until(lambda: consumer.session.open_requests == 0)
+    assert _relay_requests(relay) == 1  # the publisher's PUBLISH_NAMESPACE
