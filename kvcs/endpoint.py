@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from .admission import Admission
+from .admission import Admission, RequestPacer
 from .moqt import events as ev
 from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
@@ -260,10 +261,13 @@ class BoundSession:
     (:meth:`handle_event`) and clean up when the session ends (:meth:`session_ended`).
     """
 
-    def __init__(self, conn: MoqtConnection) -> None:
+    def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None) -> None:
         assert conn.session is not None and isinstance(conn.session, Session)
         self.conn = conn
         self.session: Session = conn.session
+        self.pacer = pacer
+        """Hands the peer's requests to :meth:`handle_request` at the server's pace
+        (:class:`~kvcs.admission.RequestPacer`, shared by its sessions); None: at once."""
         self.server = TrackServer(self.session, on_request_ended=self.served_request_ended)
         """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``)."""
         loop = asyncio.get_running_loop()
@@ -359,7 +363,13 @@ class BoundSession:
         elif self.server.handle(e):
             return
         elif isinstance(e, ev.RequestReceived):
-            self.handle_request(e)
+            if self.pacer is None:
+                self.handle_request(e)
+            else:
+                self.pacer.submit(self, e.request_id, functools.partial(self._paced, e))
+        elif (isinstance(e, ev.RequestCancelled) and self.pacer is not None
+              and self.pacer.withdraw(self, e.request_id)):
+            return  # cancelled while it waited for its turn: never handled
         elif isinstance(e, ev.SessionEstablished):
             _resolve(self._established, e.options)
         elif isinstance(e, ev.SessionClosed):
@@ -368,6 +378,16 @@ class BoundSession:
             log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
         else:
             self.handle_event(e)
+
+    def _paced(self, e: ev.RequestReceived) -> None:
+        """Request ``e``'s turn has come (:attr:`pacer`)."""
+        if self.is_closed:
+            return
+        try:
+            self.handle_request(e)
+        except Exception:
+            log.exception("error handling %s", type(e.message).__name__)
+        self.schedule_flush()
 
     def handle_request(self, e: ev.RequestReceived) -> None:
         """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
@@ -387,6 +407,8 @@ class BoundSession:
         if self._closed.done():
             return
         self._closed.set_result(closed)
+        if self.pacer is not None:
+            self.pacer.forget(self)
         if not self._established.done():
             self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
             self._established.exception()
@@ -465,7 +487,7 @@ class Endpoint(BoundSession):
     def __init__(self, conn: MoqtConnection, *, origin: Origin[Endpoint] | None = None,
                  auth_tokens: tuple[AuthToken, ...] = (),
                  admission: Admission | None = None) -> None:
-        super().__init__(conn)
+        super().__init__(conn, admission.pacer if admission is not None else None)
         self.origin: Origin[Endpoint] = Origin() if origin is None else origin
         self.auth_tokens = auth_tokens
         """Sent with every request (and in SETUP by :meth:`connect`)."""

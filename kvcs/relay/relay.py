@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from ..admission import Admission, Limits
@@ -63,10 +64,13 @@ class Relay:
         self.auth = authorizer
         self.admission = Admission(authorizer, Limits(
             max_requests=config.max_requests_per_session,
-            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms))
+            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms,
+            request_rate=config.request_rate, request_burst=config.request_burst))
         try:
-            self.settings = settings or QuicSettings.for_path(mtu=config.mtu,
-                                                              preset=config.quic_preset)
+            settings = settings or QuicSettings.for_path(mtu=config.mtu,
+                                                         preset=config.quic_preset)
+            self.settings = dataclasses.replace(settings, max_connections=config.max_sessions,
+                                                accept_rate=config.accept_rate)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
@@ -98,6 +102,12 @@ class Relay:
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
         m.labelled_gauge("kvcs_relay_session_datagram_size_bytes", "session", lambda: {
             str(p.id): p.max_datagram_size for p in self.sessions.values()})
+        m.gauge("kvcs_relay_sessions_refused_total",
+                lambda: self.server.refused_connections if self.server else 0)
+        pacer = self.admission.pacer
+        if pacer is not None:
+            m.gauge("kvcs_relay_requests_delayed_total", lambda: pacer.delayed)
+            m.gauge("kvcs_relay_requests_waiting", lambda: pacer.waiting)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -206,6 +216,8 @@ class Relay:
                 await self._sweeper
         if self.server is not None:
             await self.server.aclose(timeout=1.0)
+        if self.admission.pacer is not None:
+            self.admission.pacer.close()
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
         log.info("relay stopped")

@@ -46,7 +46,7 @@ class RelaySession(BoundSession):
 
     def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
                  upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
-        super().__init__(conn)
+        super().__init__(conn, None if upstream else relay.admission.pacer)
         self.relay = relay
         self.id = session_id
         self.upstream = upstream
