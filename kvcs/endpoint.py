@@ -261,15 +261,22 @@ class BoundSession:
     (:meth:`handle_event`) and clean up when the session ends (:meth:`session_ended`).
     """
 
-    def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None) -> None:
+    def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None,
+                 max_backlog: int | None = None) -> None:
         assert conn.session is not None and isinstance(conn.session, Session)
         self.conn = conn
         self.session: Session = conn.session
         self.pacer = pacer
         """Hands the peer's requests to :meth:`handle_request` at the server's pace
         (:class:`~kvcs.admission.RequestPacer`, shared by its sessions); None: at once."""
-        self.server = TrackServer(self.session, on_request_ended=self.served_request_ended)
-        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``)."""
+        self.server = TrackServer(
+            self.session, on_request_ended=self.served_request_ended,
+            backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
+            max_backlog=max_backlog or 0)
+        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
+        ``max_backlog``, a live subscriber that lets more bytes than that queue up is
+        ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
+        <kvcs.moqt.serving.TrackServer.max_backlog>`)."""
         loop = asyncio.get_running_loop()
         self._established: asyncio.Future[SetupOptions] = loop.create_future()
         self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()

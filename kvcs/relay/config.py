@@ -77,6 +77,10 @@ class RelayConfig:
     the sessions that have some waiting (0: no pacing); see docs/relay.md, Fairness."""
     request_burst: int = 256
     """Requests handled at once before ``request_rate`` applies."""
+    max_session_backlog: int = 64 << 20
+    """Bytes written to a session and not yet taken by its QUIC connection past which a
+    live object is not queued for it: the subscription ends with PUBLISH_DONE
+    TOO_FAR_BEHIND (a subscriber that stopped reading). Fetches wait instead."""
     max_sessions: int = 1024
     """Sessions at once; a new client past it is not answered (its handshake times out)."""
     accept_rate: float = 100.0
@@ -112,7 +116,7 @@ class RelayConfig:
             current = getattr(self, name)
             if isinstance(current, bool) and not isinstance(value, bool):
                 raise ConfigError(f"{key} must be true or false")
-            if name == "cache_bytes":
+            if name in ("cache_bytes", "max_session_backlog"):
                 value = parse_size(value)
             elif isinstance(current, int | float) and not isinstance(current, bool):
                 try:
@@ -148,6 +152,8 @@ class RelayConfig:
             raise ConfigError("--cache-bytes must be positive")
         if self.request_rate < 0 or self.request_burst < 1:
             raise ConfigError("request-rate must be >= 0 and request-burst >= 1")
+        if self.max_session_backlog < 1 << 20:
+            raise ConfigError("max-session-backlog must be at least 1MiB")
         if self.max_sessions < 1 or self.accept_rate <= 0:
             raise ConfigError("max-sessions and accept-rate must be positive")
         if self.quic_preset not in ("default", "loopback"):

@@ -25,9 +25,10 @@ import logging
 
 from ..admission import Admission, Limits
 from ..auth import Authorizer
-from ..endpoint import open_session, serve_sessions
+from ..endpoint import WRITE_WINDOW, open_session, serve_sessions
 from ..errors import ConfigError
 from ..moqt import events as ev
+from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
 from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
@@ -116,6 +117,21 @@ class Relay:
         """The UDP port the relay listens on."""
         assert self.server is not None
         return self.server.port
+
+    @property
+    def session_memory_bound(self) -> int:
+        """The most bytes one session makes the relay hold besides its cache (see
+        docs/relay.md, Memory): the session's MOQT state
+        (:func:`~kvcs.moqt.config.state_bound` at the transport's stream limits), what
+        waits to be sent to it (``max_session_backlog``, then TOO_FAR_BEHIND), a write
+        window for each FETCH it may have going, QUIC's flow-control windows each way
+        (``max_data``) and the send watermark. Fills add a write window each, and the
+        object being queued when a bound is reached comes on top."""
+        cfg, st = self.config, self.settings
+        return (state_bound(SessionConfig(is_client=False), st.max_streams_bidi,
+                            st.max_streams_uni)
+                + cfg.max_session_backlog + cfg.max_fetches_per_session * WRITE_WINDOW
+                + 2 * st.max_data + st.send_watermark)
 
     @property
     def upstream(self) -> RelaySession | None:

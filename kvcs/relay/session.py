@@ -46,7 +46,8 @@ class RelaySession(BoundSession):
 
     def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
                  upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
-        super().__init__(conn, None if upstream else relay.admission.pacer)
+        super().__init__(conn, None if upstream else relay.admission.pacer,
+                         relay.config.max_session_backlog)
         self.relay = relay
         self.id = session_id
         self.upstream = upstream

@@ -217,6 +217,13 @@ class MoqtConnection:
         """Stream bytes written but not yet sent: scheduler queues plus QUIC unsent."""
         return self._scheduler.buffered_bytes
 
+    @property
+    def queued_bytes(self) -> int:
+        """Stream bytes written and still waiting in the send scheduler: what grows when
+        the peer does not read (QUIC itself holds at most the send watermark plus what
+        the peer's flow control lets be in flight). Constant time."""
+        return self._scheduler.queued_bytes
+
     async def wait_ready(self) -> None:
         """Wait until the session exists (handshake, and CONNECT for WebTransport)."""
         await asyncio.shield(self._ready)
