@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-synthetic test lint bench clean
+.PHONY: install demo demo-synthetic test faults test-slow lint bench clean
 
 # setup.py builds the compiled q8 kernels: a change to them reinstalls too.
 $(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
@@ -36,11 +36,25 @@ demo-synthetic: $(STAMP)
 # both libraries and their mix (tests/relay/test_backends.py) stay tested.
 NET_TESTS := tests/session tests/transport tests/relay tests/e2e
 
+# The long fault scenarios (marker faults) and the soak (marker slow) have targets of
+# their own; the fast fault scenarios run here.
 test: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not faults and not slow"
 	KVCS_QUIC_BACKEND=aioquic $(PY) -m pytest -q -m "not interop" $(NET_TESTS)
+
+# Every fault-injection scenario (tests/faults: loss, reordering, duplication, corruption,
+# blackholes on every hop; relays and publishers SIGKILLed; malformed input from each
+# side), then one table: scenario, outcome, time, bytes lost, wrong tensors, goodput
+# under impairment against the unimpaired run (docs/reliability.md). About 2 minutes.
+faults: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests/faults
+
+# The soak: publish/consume cycles for about 2 minutes; memory, file descriptors and
+# asyncio tasks must not grow after warm-up (KVCS_SOAK_S sets the duration).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/faults
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench

@@ -20,9 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import demo_model
 
-from kvcs.endpoint import Endpoint
-from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
-from kvcs.transport import QuicSettings
+from kvcs import Endpoint, KvConsumer, QuicSettings, RecomputeRequired
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

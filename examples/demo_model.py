@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kvcs.kv.ids import CompatDescriptor, ScopeKey
+from kvcs import CompatDescriptor, ScopeKey
 
 DEMO_SCOPE_KEY = bytes(range(32))
 """The demo's scope key. Real deployments distribute a random 32-byte key out of band."""

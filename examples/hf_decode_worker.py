@@ -25,11 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_model
 import torch
 
-from kvcs.endpoint import Endpoint
+from kvcs import Endpoint, KvConsumer, QuicSettings, RecomputeRequired, ScopeKey
 from kvcs.integrations.hf import CacheRestore, cache_kwargs, output_cache
-from kvcs.kv.ids import ScopeKey
-from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
-from kvcs.transport import QuicSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

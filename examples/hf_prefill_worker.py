@@ -18,11 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hf_model
 
-from kvcs.endpoint import Endpoint
+from kvcs import Endpoint, PublisherOptions, QuicSettings, ScopeKey
 from kvcs.integrations.hf import LayerwisePrefill
-from kvcs.kv.ids import ScopeKey
-from kvcs.kvnet.publisher import PublisherOptions
-from kvcs.transport import QuicSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,9 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import demo_model
 
-from kvcs.endpoint import Endpoint
-from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
-from kvcs.transport import QuicSettings
+from kvcs import Endpoint, KvPublisher, PublisherOptions, QuicSettings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

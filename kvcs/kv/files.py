@@ -120,18 +120,16 @@ def load_kv(path: PathLike, desc: CompatDescriptor) -> tuple[list[np.ndarray], l
     return out_k, out_v
 
 
-def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> None:
-    """Write per-layer arrays ``k.N``/``v.N`` to .npz or .safetensors."""
-    data: dict[str, np.ndarray] = {}
+def _storable(arr: np.ndarray, npz: bool) -> np.ndarray:
+    arr = np.ascontiguousarray(arr)
+    if npz and arr.dtype.kind == "V":
+        # .npz cannot describe ml_dtypes types (bfloat16, float8): store the bits
+        arr = arr.view(f"<u{arr.dtype.itemsize}")
+    return arr
+
+
+def _write_arrays(path: PathLike, data: dict[str, np.ndarray]) -> None:
     p = Path(path)
-    npz = p.suffix != ".safetensors"
-    for idx, k, v in layers:
-        for name, arr in ((f"k.{idx}", k), (f"v.{idx}", v)):
-            arr = np.ascontiguousarray(arr)
-            if npz and arr.dtype.kind == "V":
-                # .npz cannot describe ml_dtypes types (bfloat16, float8): store the bits
-                arr = arr.view(f"<u{arr.dtype.itemsize}")
-            data[name] = arr
     try:
         if p.suffix == ".safetensors":
             from safetensors.numpy import save_file
@@ -142,3 +140,20 @@ def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]
                 np.savez(f, **data)  # type: ignore[arg-type]  # numpy stub: kwds vs flags
     except OSError as exc:
         raise FileFormatError(f"{path}: {exc.strerror or exc}") from None
+
+
+def save_stacked_kv(path: PathLike, k: np.ndarray, v: np.ndarray) -> None:
+    """Write arrays ``k`` and ``v`` [layers, tokens, kv_heads, head_dim] (what
+    :func:`load_kv` reads) to .npz or .safetensors."""
+    npz = Path(path).suffix != ".safetensors"
+    _write_arrays(path, {"k": _storable(k, npz), "v": _storable(v, npz)})
+
+
+def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """Write per-layer arrays ``k.N``/``v.N`` to .npz or .safetensors."""
+    npz = Path(path).suffix != ".safetensors"
+    data: dict[str, np.ndarray] = {}
+    for idx, k, v in layers:
+        data[f"k.{idx}"] = _storable(k, npz)
+        data[f"v.{idx}"] = _storable(v, npz)
+    _write_arrays(path, data)

@@ -52,6 +52,12 @@ Procedures (kvcs-draft "Consumer Procedures"):
   progress; recovery then has ``recompute_budget_s`` from its own start. Reading a
   manifest, a namespace subscription and an index lookup are bounded by the same budget.
   What was verified is kept: :attr:`RecomputeRequired.partial`;
+* interrupted transfers: when a subscription or fetch loses its source (the session ends,
+  the relay or the publisher goes away: PUBLISH_DONE GOING_AWAY, a reset fetch stream),
+  the transfer goes on after a short backoff, within the same no-progress budget: on the
+  same endpoint, on another open one, or, when none is open, on the same relay reconnected
+  through ``connect`` (a relay that restarted); a live segment is subscribed again from its
+  start, the missing blocks of a completed one are fetched (what is verified is kept);
 * HTTP fallback (``http=KvspClient(...)``, KVSP profile section 8): blocks still missing
   after the MOQT sources are fetched as KVSP containers from HTTP holders, and from the
   ``https://`` holders their lookup answers name, verified (layer digests, CompatID, Block
@@ -68,13 +74,13 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject
+from ..endpoint import Endpoint, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
 from ..kv.component import Component
 from ..kv.container import max_container_size
@@ -84,7 +90,7 @@ from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scop
 from ..kv.index import parse_publication_uri
 from ..kv.manifest import Manifest, Segment, check_namespace, check_protection, segment_covers
 from ..kv.secure import ContentKey, SecureObjects, effective_priority
-from ..moqt.errors import RequestErrorCode
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionUsageError
 from ..moqt.wire import (
     PARAM_OBJECTID_FILTER,
     LocationFilter,
@@ -93,7 +99,8 @@ from ..moqt.wire import (
     Properties,
     RangeFilter,
 )
-from .manifest_track import ManifestTrack
+from .backoff import Backoff
+from .manifest_track import TRANSIENT, ManifestTrack
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval
 
 if TYPE_CHECKING:
@@ -110,6 +117,15 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: PUBLISH_DONE codes that end a subscription because its source went away, not because
+#: the track ended or was refused: the transfer goes on elsewhere.
+SOURCE_LOST = frozenset({PublishDoneCode.INTERNAL_ERROR, PublishDoneCode.GOING_AWAY,
+                         PublishDoneCode.EXCESSIVE_LOAD, PublishDoneCode.TOO_FAR_BEHIND})
+RESUME_BACKOFF = Backoff(initial=0.05, maximum=1.0)
+"""Waits before each turn of an interrupted transfer: from 25-50 ms up to 0.5-1 s, so that
+a publisher or relay that is back within a second is used at once, and one that stays
+away is asked about once a second until the budget ends."""
 
 #: ``KvConsumer(discovery=...)``: prefix probing only, the KVSP Index only, or the index
 #: first and prefix probing when it names no usable publication.
@@ -161,6 +177,8 @@ class ConsumerStats(AssemblyStats):
     (objects, bytes, rejected, duplicates, excess, http_blocks, held) and its own."""
 
     retries: int = 0
+    resumes: int = 0
+    """Interrupted transfers that went on (a subscription or fetch lost its source)."""
     first_layer_at: float | None = None
     started_at: float = 0.0
     finished_at: float | None = None
@@ -175,7 +193,9 @@ class KvConsumer:
     KVSP Index (:class:`~kvcs.kvnet.kvsp_http.KvspClient`) for ``discovery`` ``"index"``
     or ``"index-first"`` (the default when ``index`` is given), and for more holders in
     HTTP recovery. ``connect``: opens an endpoint to a relay the index names that none of
-    ``endpoints`` is connected to (the consumer owns and :meth:`aclose` closes those).
+    ``endpoints`` is connected to, and reopens the relay of an endpoint whose session ended
+    when an interrupted retrieval has no other open endpoint to go on with (the consumer
+    owns and :meth:`aclose` closes those).
     """
 
     def __init__(
@@ -215,6 +235,7 @@ class KvConsumer:
             raise ValueError(f"discovery={self.discovery!r} needs index=KvspClient(...)")
         self.connect = connect
         self._opened: dict[str, Endpoint] = {}
+        self._reopened: dict[Endpoint, Endpoint] = {}  # an ended endpoint -> its successor
         self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
                            else CompatDescriptor.from_dict(descriptor))
         self.scope = scope
@@ -269,8 +290,62 @@ class KvConsumer:
         return self.endpoints[0]
 
     def _source(self, pub: Publication) -> Endpoint:
-        """The endpoint a publication's retrieval starts on."""
-        return pub.endpoint or self.endpoint
+        """The endpoint a publication's retrieval starts on (the successor of the one it
+        was found on, if that one was reopened)."""
+        return self._current(pub.endpoint or self.endpoint)
+
+    def _current(self, ep: Endpoint) -> Endpoint:
+        while ep in self._reopened:
+            ep = self._reopened[ep]
+        return ep
+
+    async def _open(self, ep: Endpoint) -> Endpoint:
+        """``ep`` (or its successor) while its session is up; else its relay reopened
+        through ``connect``; ConnectionError when neither is possible."""
+        ep = self._current(ep)
+        if not ep.is_closed:
+            return ep
+        new = await self._reopen(ep, self.recompute_budget_s)
+        if new is None:
+            info = ep.conn.info
+            where = info.authority if info is not None else "the relay"
+            raise ConnectionError(f"the session to {where} has ended"
+                                  + ("" if self.connect else " (no connect= to reopen it)"))
+        return new
+
+    async def _endpoint_to_resume(self, current: Endpoint, attempt: int,
+                                  timeout: float) -> Endpoint | None:
+        """Where an interrupted retrieval goes on: the open endpoints in turn, starting
+        with ``current`` (``attempt`` counts the turns); when none is open, ``current``'s
+        relay reconnected through ``connect`` (None: nothing reachable now)."""
+        current = self._current(current)
+        others = [e for e in self.endpoints if e is not current and not e.is_closed]
+        candidates = others if current.is_closed else [current, *others]
+        if candidates:
+            return candidates[attempt % len(candidates)]
+        return await self._reopen(current, timeout)
+
+    async def _reopen(self, ep: Endpoint, timeout: float) -> Endpoint | None:
+        """A new endpoint to the relay of ``ep``, whose session ended (``connect``; None
+        without it or when the relay cannot be reached within ``timeout``)."""
+        info = ep.conn.info
+        if self.connect is None or info is None or timeout <= 0:
+            return None
+        scheme = "https" if ep.conn.is_webtransport else "moqt"
+        url = f"{scheme}://{info.authority}{info.path or '/'}"
+        try:
+            new = await _within(self.connect(url), timeout)
+        except (ConnectionError, OSError, ValueError, TimeoutError) as exc:
+            log.info("cannot reconnect to %s: %s", url, exc or "timeout")
+            return None
+        log.info("reconnected to %s", url)
+        self._reopened[ep] = new
+        self.endpoints = [new if e is ep else e for e in self.endpoints]
+        old = self._opened.get(url)
+        if old is not None and old is not ep and not old.is_closed:
+            old.close()
+        self._opened[url] = new
+        return new
 
     async def aclose(self) -> None:
         """Close the endpoints this consumer opened (``connect``) for index-named relays."""
@@ -307,7 +382,7 @@ class KvConsumer:
                 return pub
         if endpoint is None and not self.endpoints:
             return None
-        ep = endpoint or self.endpoint
+        ep = await self._open(endpoint or self.endpoint)
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
             pub = await self._first_usable(await self._publications_at(ep, n))
@@ -339,7 +414,7 @@ class KvConsumer:
                 return best
         if endpoint is None and not self.endpoints:
             return []
-        ep = endpoint or self.endpoint
+        ep = await self._open(endpoint or self.endpoint)
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
             pubs = await self._publications_at(ep, n)
@@ -437,7 +512,7 @@ class KvConsumer:
                      relay_url)
             return None
         try:
-            ep = await asyncio.wait_for(self.connect(relay_url), self.recompute_budget_s)
+            ep = await _within(self.connect(relay_url), self.recompute_budget_s)
         except (ConnectionError, OSError, ValueError, TimeoutError) as exc:
             log.warning("cannot connect to %s named by the index: %s", relay_url, exc)
             return None
@@ -457,7 +532,7 @@ class KvConsumer:
                              ) -> tuple[ManifestTrack, Manifest]:
         """Subscribe to the manifest track and check its current version; the track stays
         open for newer versions (the caller closes it)."""
-        ep = endpoint or self._source(pub)
+        ep = await self._open(endpoint or self._source(pub))
         track: ManifestTrack | None = None
         try:
             async with asyncio.timeout(self.recompute_budget_s):
@@ -545,9 +620,10 @@ class KvConsumer:
                                     "block_keys_sha256 differs from this prompt's Block Keys, "
                                     "or the prompt ends inside it)")
             plan = [(seg, n if blocks is None else min(n, blocks))]
-            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=False):
-                yield layer
+            async with contextlib.aclosing(self._retrieve(
+                    pub, m, plan, layers, alternates, track, absolute=False)) as retrieved:
+                async for layer in retrieved:
+                    yield layer
         finally:
             if track is not None:
                 await track.close()
@@ -574,9 +650,10 @@ class KvConsumer:
             plan = self.prefix_plan(pub, m, blocks)
             if not plan and (blocks is None or blocks > 0):
                 raise ManifestError("the publication covers no block of this prompt")
-            async for layer in self._retrieve(pub, m, plan, layers, alternates, track,
-                                              absolute=True):
-                yield layer
+            async with contextlib.aclosing(self._retrieve(
+                    pub, m, plan, layers, alternates, track, absolute=True)) as retrieved:
+                async for layer in retrieved:
+                    yield layer
         finally:
             if track is not None:
                 await track.close()
@@ -609,17 +686,20 @@ class KvConsumer:
     async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
                         layers: range | None, alternates: Sequence[Publication],
                         track: ManifestTrack | None, *, absolute: bool,
-                        ) -> AsyncIterator[KvLayer]:
+                        ) -> AsyncGenerator[KvLayer, None]:
         if not plan or plan[0][1] <= 0:
             return
         run = _Retrieval(self, pub, m, plan, self._layer_range(layers), absolute)
         self.stats.started_at = time.perf_counter()
-        async for layer in run.run(alternates, track):
-            if self.stats.first_layer_at is None:
-                self.stats.first_layer_at = time.perf_counter()
-            if self.on_progress is not None:
-                self.on_progress("layer", layer.index, run.layers.stop)
-            yield layer
+        # aclosing: a caller that stops reading (break, aclose) ends the transfer at once
+        # (subscriptions cancelled, feeders stopped), not when the generator is collected
+        async with contextlib.aclosing(run.run(alternates, track)) as layers_run:
+            async for layer in layers_run:
+                if self.stats.first_layer_at is None:
+                    self.stats.first_layer_at = time.perf_counter()
+                if self.on_progress is not None:
+                    self.on_progress("layer", layer.index, run.layers.stop)
+                yield layer
         self.stats.finished_at = time.perf_counter()
 
     def _layer_range(self, layers: range | None) -> range:
@@ -748,6 +828,31 @@ class KvConsumer:
                 for key in list(keys)))
 
 
+async def _within(connecting: Awaitable[Endpoint], timeout: float) -> Endpoint:
+    """``connecting`` if it ends within ``timeout`` s, else TimeoutError at once: a
+    connection attempt still cleaning up after its cancellation (a CONNECTION_CLOSE to
+    send, up to 1 s measured) ends in the background, and an endpoint it opened after all
+    is closed."""
+    task = asyncio.ensure_future(connecting)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_close_late_endpoint)
+    _abandoned.add(task)
+    raise TimeoutError
+
+
+_abandoned: set[asyncio.Future[Endpoint]] = set()
+"""Connection attempts given up on, until they have ended (a reference keeps them alive)."""
+
+
+def _close_late_endpoint(task: asyncio.Future[Endpoint]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
+
+
 class _Progress:
     """Wake-ups and the time of the last progress of one retrieval (all its segments)."""
 
@@ -781,6 +886,12 @@ class _Retrieval:
         self.runs = [_SegmentRun(self, seg, n) for seg, n in plan]
         self.next = layers.start
         """The next layer to yield."""
+        self.resumes = 0
+        """Turns taken to go on with interrupted runs (successful or not)."""
+        self._resume_delays = RESUME_BACKOFF.delays()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._follower: asyncio.Task[None] | None = None
+        self._own_tracks: list[ManifestTrack] = []
 
     @property
     def done(self) -> bool:
@@ -815,36 +926,88 @@ class _Retrieval:
         return min((t for r in self.runs if (t := r.assembler.held_until) is not None),
                    default=None)
 
+    def _live(self) -> bool:
+        """Some segment of the retrieval is still produced (as far as the newest manifest
+        version read says)."""
+        for r in self.runs:
+            seg = self.manifest.segment(r.seg.segment)
+            if seg is None or not seg.complete:
+                return True
+        return False
+
+    def _follow(self, track: ManifestTrack) -> None:
+        self._follower = asyncio.create_task(self._follow_manifest(track))
+        self._tasks.append(self._follower)
+
+    async def _open_manifest(self, ep: Endpoint, timeout: float) -> ManifestTrack | None:
+        """Subscribe to the manifest on ``ep`` (closed at the end of the retrieval) and use
+        its current version; None if it cannot be read within ``timeout`` seconds."""
+        try:
+            track, m = await asyncio.wait_for(self.c._open_manifest(self.pub, ep), timeout)
+        except (KvcsError, MoqtRequestError, ConnectionError, ValueError, TimeoutError):
+            return None
+        self._own_tracks.append(track)
+        self._use_manifest(m)
+        return track
+
+    def _use_manifest(self, m: Manifest) -> None:
+        self.manifest = m
+        for r in self.runs:
+            r.assembler.use_manifest(m)
+
+    async def _resume(self, left: float) -> None:
+        """Go on with the interrupted segment runs (see the module docstring), after a
+        backoff, spending at most ``left`` seconds."""
+        loop = self.progress.loop
+        deadline = loop.time() + left
+        await asyncio.sleep(min(next(self._resume_delays), left))
+        ep = await self.c._endpoint_to_resume(self.source, self.resumes,
+                                              deadline - loop.time())
+        self.resumes += 1
+        if ep is None:
+            return  # nothing reachable now: the next turn tries again, within the budget
+        self.source = ep
+        self.c.stats.resumes += 1
+        for r in self.runs:
+            if r.interrupted:
+                self._tasks += r.resume(ep)
+        if self._live() and (self._follower is None or self._follower.done()):
+            track = await self._open_manifest(ep, deadline - loop.time())
+            if track is not None:
+                self._follow(track)
+
     async def run(self, alternates: Sequence[Publication],
-                  track: ManifestTrack | None) -> AsyncIterator[KvLayer]:
+                  track: ManifestTrack | None) -> AsyncGenerator[KvLayer, None]:
         c = self.c
         budget = c.recompute_budget_s
-        tasks: list[asyncio.Task[None]] = []
-        own_track = False
         c._retrievals.add(self)
         try:
             for r in self.runs:
-                tasks += r.start(self.source)
-            if any(not seg.complete for seg in (r.seg for r in self.runs)):
+                self._tasks += r.start(self.source)
+            if self._live():
                 if track is None:  # the caller gave a manifest: follow it ourselves
-                    with contextlib.suppress(KvcsError, MoqtRequestError, ConnectionError):
-                        track, _ = await c._open_manifest(self.pub, self.source)
-                        own_track = True
+                    track = await self._open_manifest(self.source, budget)
                 if track is not None:
-                    tasks.append(asyncio.create_task(self._follow_manifest(track)))
+                    self._follow(track)
             # transfer: wait while anything feeds or objects wait for their content key
-            # (until add_content_key or their key_wait_s), at most ``budget`` without progress
+            # (until add_content_key or their key_wait_s), at most ``budget`` without
+            # progress; a run whose source was lost goes on elsewhere (_resume)
             while True:
                 self._release_held()
                 for layer in self._ready():
                     yield layer
                 held_until = self._held_until()
-                if self.done or (held_until is None and not any(r.feeding for r in self.runs)):
+                if self.done:
                     break
                 left = self.progress.last + budget - self.progress.loop.time()
                 if left <= 0:
                     log.warning("no progress for %.1f s (recompute budget): recovering", budget)
                     break
+                if held_until is None and not any(r.feeding for r in self.runs):
+                    if not any(r.interrupted for r in self.runs):
+                        break
+                    await self._resume(left)
+                    continue
                 if held_until is not None:
                     left = min(left, max(0.0, held_until - time.monotonic()))
                 with contextlib.suppress(TimeoutError):
@@ -853,19 +1016,21 @@ class _Retrieval:
             for layer in self._ready():
                 yield layer
             if not self.done:
-                async for layer in self._recover(alternates, time.monotonic() + budget):
-                    yield layer
+                async with contextlib.aclosing(
+                        self._recover(alternates, time.monotonic() + budget)) as recovered:
+                    async for layer in recovered:
+                        yield layer
             if not self.done:
                 raise self._recompute_required("objects missing or failed verification")
         finally:
             c._retrievals.discard(self)
-            for t in tasks:
+            for t in self._tasks:
                 t.cancel()
-            for t in tasks:
+            for t in self._tasks:
                 with contextlib.suppress(BaseException):
                     await t
-            if own_track and track is not None:
-                await track.close()
+            for own in self._own_tracks:
+                await own.close()
 
     async def _follow_manifest(self, track: ManifestTrack) -> None:
         """Newer manifest versions: their ``object_digests`` check and (signed) confirm
@@ -880,16 +1045,14 @@ class _Retrieval:
                 except (KvcsError, ValueError) as exc:
                     log.warning("discarding manifest version: %s", exc)
                     continue
-                self.manifest = m
-                for r in self.runs:
-                    r.assembler.use_manifest(m)
+                self._use_manifest(m)
                 self.progress.made()
                 self.progress.ready.set()  # newly listed layers may now be confirmed
         except (MoqtRequestError, ConnectionError) as exc:
             log.info("manifest follow ended: %s", exc)
 
     async def _recover(self, alternates: Sequence[Publication],
-                       deadline: float) -> AsyncIterator[KvLayer]:
+                       deadline: float) -> AsyncGenerator[KvLayer, None]:
         """Retry the missing blocks from other sources until ``deadline``."""
         c = self.c
         eps = [e for e in c.endpoints if e is not self.source] + [self.source]
@@ -984,16 +1147,51 @@ class _SegmentRun:
         self.assembler.use_manifest(retrieval.manifest)
         self.feeding = 0
         """Feeders (one per selected track) still running."""
+        self.interrupted = False
+        """A feeder lost its source (session ended, relay or publisher gone): the run goes
+        on elsewhere (:meth:`resume`)."""
+        self.resumes = 0
         self.popped: dict[int, KvLayer] = {}
         """Layers assembled but not yet yielded (waiting for the other segments)."""
 
+    @property
+    def complete(self) -> bool:
+        """The segment is complete (as far as the newest manifest version read says)."""
+        seg = self.r.manifest.segment(self.seg.segment)
+        return seg is not None and seg.complete
+
     def start(self, ep: Endpoint) -> list[asyncio.Task[None]]:
         """Start one feeder per selected track."""
-        retrieval = self.c.relay_profile.track_retrieval(self.seg.complete)
+        retrieval = self.c.relay_profile.track_retrieval(self.complete)
         tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
                  for kind, track in self.assembler.tracks.items()]
-        self.feeding = len(tasks)
+        self.feeding += len(tasks)
         return tasks
+
+    def resume(self, ep: Endpoint) -> list[asyncio.Task[None]]:
+        """Go on on ``ep`` after the source was lost: the missing blocks of a completed
+        segment are fetched; a live one is retrieved again (duplicates are dropped)."""
+        self.interrupted = False
+        self.resumes += 1
+        missing = self.assembler.missing()
+        if not missing:
+            return []
+        log.info("resuming segment %d (%d incomplete layer(s)) after losing its source",
+                 self.seg.segment, len(missing))
+        if not self.complete:
+            return self.start(ep)
+        layers = sorted(missing)
+        blocks = sorted({b for bs in missing.values() for b in bs})
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(),
+                                                TrackRetrieval.FETCH, layers, blocks))
+                 for kind, track in self.assembler.tracks.items()]
+        self.feeding += len(tasks)
+        return tasks
+
+    def _source_lost(self, sub: Subscription) -> None:
+        """Note a subscription that ended without its track ending."""
+        if sub.done is None or sub.done.status in SOURCE_LOST:
+            self.interrupted = True
 
     def same_segment(self, m: Manifest) -> bool:
         """``m`` (an alternate publication's manifest) has this segment with the same blocks
@@ -1046,11 +1244,14 @@ class _SegmentRun:
         return (RangeFilter(PARAM_OBJECTID_FILTER, 0, tuple(ranges)),)
 
     async def _feed(self, ep: Endpoint, kind: Component, name: str,
-                    retrieval: TrackRetrieval) -> None:
+                    retrieval: TrackRetrieval, layers: Sequence[int] | None = None,
+                    blocks: Sequence[int] | None = None) -> None:
         pub = self.r.pub
         try:
             if retrieval is TrackRetrieval.FETCH:
-                await self._fetch_layers(ep, pub, kind, name, self.assembler.layers)
+                await self._fetch_layers(ep, pub, kind, name,
+                                         self.assembler.layers if layers is None else layers,
+                                         blocks)
             elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
                 sub = await ep.subscribe(
                     pub.fields, name.encode(),
@@ -1060,13 +1261,16 @@ class _SegmentRun:
                 try:
                     async for obj in sub:
                         self._take(kind, obj, sub.track_properties)
+                    self._source_lost(sub)
                 finally:
                     if not sub.finished:
                         await sub.cancel()
             else:
                 await self._follow_current_group(ep, kind, name)
-        except (MoqtRequestError, ConnectionError) as exc:
+        except (MoqtRequestError, ConnectionError, SessionUsageError) as exc:
             log.warning("retrieval of %s failed: %s", name, exc)
+            if self.resumes or not isinstance(exc, MoqtRequestError) or exc.code in TRANSIENT:
+                self.interrupted = True  # the source went away (or again, once resumed)
         finally:
             self.feeding -= 1
             self.r.progress.ready.set()
@@ -1095,6 +1299,7 @@ class _SegmentRun:
                 past = [g for g in self.assembler.layers if g < largest.group]
                 await self._fetch_layers(ep, pub, kind, name, past)
             await live
+            self._source_lost(sub)
         finally:
             live.cancel()
             with contextlib.suppress(BaseException):
@@ -1133,6 +1338,8 @@ class _SegmentRun:
     async def recover(self, ep: Endpoint, pub: Publication, missing: dict[int, list[int]],
                       deadline: float) -> None:
         """FETCH the missing blocks of each selected track from ``ep`` until ``deadline``."""
+        if ep.is_closed:
+            return
         layers = sorted(missing)
         blocks = sorted({b for bs in missing.values() for b in bs})
         for kind, track in self.assembler.tracks.items():

@@ -31,6 +31,7 @@ from ..kv.secure import SecureObjects, effective_priority, open_object
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import LocationFilter, ObjectStatus, Parameters, TrackNamespace
+from .backoff import Backoff
 
 __all__ = ["ManifestTrack"]
 
@@ -41,6 +42,8 @@ UNSIGNED = TrackName.manifest(cose=False).to_bytes()
 #: Refusals that say nothing about the track: asked again until the deadline.
 TRANSIENT = frozenset({RequestErrorCode.INTERNAL_ERROR, RequestErrorCode.TIMEOUT,
                        RequestErrorCode.GOING_AWAY, RequestErrorCode.EXCESSIVE_LOAD})
+#: Waits between two subscriptions refused for now (no Retry Interval given).
+REFUSED_BACKOFF = Backoff(initial=0.05, maximum=1.0, jitter=0.0)
 
 
 class ManifestTrack:
@@ -93,7 +96,7 @@ class ManifestTrack:
     async def _subscribe(endpoint: Endpoint, namespace: TrackNamespace, name: bytes,
                          retry_until: float | None) -> Subscription:
         loop = asyncio.get_running_loop()
-        delay = 0.05
+        delays = REFUSED_BACKOFF.delays()
         while True:
             try:
                 return await endpoint.subscribe(
@@ -101,6 +104,7 @@ class ManifestTrack:
                     fill=Parameters(location_filter=LocationFilter.relative_start(1)),
                     priority=0)
             except MoqtRequestError as exc:
+                delay = next(delays)
                 wait = exc.retry_interval / 1000 if exc.retry_interval else delay
                 if exc.code not in TRANSIENT or retry_until is None or \
                         loop.time() + wait >= retry_until:
@@ -108,7 +112,6 @@ class ManifestTrack:
                 log.info("%s refused for now (%s): asking again in %.2f s",
                          name.decode(), exc, wait)
                 await asyncio.sleep(wait)
-                delay = min(2 * delay, 1.0)
 
     async def next_version(self) -> bytes | None:
         """The payload of the next version newer than the last one returned (versions the

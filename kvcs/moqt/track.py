@@ -217,9 +217,11 @@ class Track:
             self.largest = loc
         for listener in list(self.listeners):
             listener(self, "object", obj)
-        if ends and (self.origin or self._contiguous(g)):
-            # a cached copy may learn the end before objects still in flight on other
-            # streams: the group is closed once they are all in (or the fill settles it)
+        if (ends and self.origin) or (g.end is not None and not g.closed
+                                      and self._contiguous(g)):
+            # an origin track is written in order: its end markers close the group. A
+            # cached copy may learn the end before objects still in flight on other
+            # streams (a fill): its group closes when the last missing one arrives
             self.close_group(obj.group_id)
         if obj.status == ObjectStatus.END_OF_TRACK:
             self._mark_ended()
@@ -237,9 +239,10 @@ class Track:
     def _contiguous(g: _Group) -> bool:
         """Every Object ID from 0 to the group's last one is here (or aged out), and an
         end marker is among them."""
-        if g.end is None or not g.ids:
+        last = max(g.ids[-1] if g.ids else -1, g.gone[-1][1] if g.gone else -1)
+        if g.end is None or last < g.end:
             return False
-        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == g.ids[-1] + 1
+        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == last + 1
 
     def close_group(self, group_id: int) -> None:
         """Record that every object of ``group_id`` is known (present or absent)."""

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvcs.endpoint import Endpoint
 from kvcs.relay import Relay
 from kvcs.testing import LocalNet
-from kvcs.transport import DevCertificate, QuicSettings
+from kvcs.transport import INTERNET_DATAGRAM_SIZE, DevCertificate, QuicSettings
 
 from .impair import Impairment, ImpairmentProxy
+from .report import RECORDS, ScenarioRecord, format_table, write_json
+
+INTERNET = QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE)
+"""Settings of every peer of a :class:`FaultNet`: 1350-byte datagrams on loopback too."""
 
 
 class FaultNet(LocalNet):
@@ -59,8 +64,39 @@ class FaultNet(LocalNet):
 
 @pytest.fixture
 async def faultnet(cert: DevCertificate) -> AsyncIterator[FaultNet]:
-    """A :class:`FaultNet` with the internet QUIC preset (1350-byte datagrams: a 1% loss
-    then hits hundreds of datagrams of a few hundred KiB, not a handful of 60000-byte
-    ones)."""
-    async with FaultNet(cert, QuicSettings()) as net:
+    """A :class:`FaultNet` whose every peer sends internet-sized datagrams
+    (:data:`~kvcs.transport.config.INTERNET_DATAGRAM_SIZE`, 1350 bytes: a 1% loss then hits
+    hundreds of datagrams of a few hundred KiB, not a handful of 60000-byte ones).
+    ``QuicSettings()`` alone would send the library's largest datagrams, since the proxy
+    is on loopback."""
+    async with FaultNet(cert, INTERNET) as net:
         yield net
+
+
+# -- the scenario table ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def scenario(request: pytest.FixtureRequest) -> ScenarioRecord:
+    """This test's row of the scenario table (see tests/faults/report.py)."""
+    record = ScenarioRecord(request.node.name.removeprefix("test_"))
+    RECORDS.append(record)
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    record = getattr(item, "funcargs", {}).get("scenario")
+    finished = report.when == "call" or (report.when == "setup" and not report.passed)
+    if isinstance(record, ScenarioRecord) and finished:
+        record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if RECORDS:
+        terminalreporter.write_sep("=", "fault scenarios")
+        terminalreporter.write_line(format_table(RECORDS))
+        write_json(RECORDS)

@@ -16,7 +16,8 @@ connection migration reaches the target as a new address, as it would without th
 :class:`Impairment` settings, :class:`Counters`, ``random.Random`` and pipeline, shared by
 every client (one link per direction, like a shared bottleneck):
 
-    in -> blackhole -> loss -> duplicate -> reorder -> delay + jitter -> bandwidth cap -> out
+    in -> blackhole -> loss -> corrupt -> duplicate -> reorder -> delay + jitter
+       -> bandwidth cap -> out
 
 Timers are event-loop timers (one per pipeline stage, plus one per datagram held back for
 reordering); no task per datagram. With no impairment set and nothing queued, a datagram
@@ -70,6 +71,7 @@ def _non_negative(value: Any) -> bool:
 
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss": (_probability, "a probability in [0, 1]"),
+    "corrupt": (_probability, "a probability in [0, 1]"),
     "duplicate": (_probability, "a probability in [0, 1]"),
     "reorder": (_probability, "a probability in [0, 1]"),
     "reorder_depth": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
@@ -92,6 +94,10 @@ class Impairment:
 
     loss: float = 0.0
     """Probability that a datagram is dropped."""
+    corrupt: float = 0.0
+    """Probability that one byte of a datagram, at a random position, is changed (XOR
+    with a random non-zero value): garbage in a QUIC packet, which its AEAD tag must
+    catch."""
     duplicate: float = 0.0
     """Probability that a datagram is sent twice (the copy follows it)."""
     reorder: float = 0.0
@@ -129,7 +135,7 @@ class Impairment:
 
     def impairs(self, now: float) -> bool:
         """True if any impairment is in effect at loop time ``now``."""
-        return bool(self.loss or self.duplicate or self.reorder or self.delay_ms
+        return bool(self.loss or self.corrupt or self.duplicate or self.reorder or self.delay_ms
                     or self.jitter_ms or self.bandwidth is not None or self.blackhole
                     or self.blackhole_until > now)
 
@@ -143,6 +149,8 @@ class Counters:
     bytes_in: int = 0
     lost: int = 0
     """Dropped by ``loss``."""
+    corrupted: int = 0
+    """Changed by ``corrupt`` (and sent on)."""
     blackholed: int = 0
     overflowed: int = 0
     """Dropped because the bottleneck queue was full."""
@@ -212,6 +220,11 @@ class _Link:
         if s.loss and rng.random() < s.loss:
             c.lost += 1
             return
+        if s.corrupt and data and rng.random() < s.corrupt:
+            c.corrupted += 1
+            spoiled = bytearray(data)
+            spoiled[rng.randrange(len(spoiled))] ^= rng.randrange(1, 256)
+            data = bytes(spoiled)
         self._reorder_stage(data, deliver, now)
         if s.duplicate and rng.random() < s.duplicate:
             c.duplicated += 1

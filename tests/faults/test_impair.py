@@ -168,6 +168,24 @@ async def test_loss_is_counted_exactly_and_reproducible(rig: Rig) -> None:
     assert await run(8) != got
 
 
+async def test_corrupt_changes_one_byte_and_is_reproducible(rig: Rig) -> None:
+    client, proxy, target = await rig.line(11, corrupt=0.1)
+    sent = [bytes([seq % 251]) * 200 for seq in range(N)]
+    for data in sent:
+        client.send(data)
+    c = await settle(proxy, target, N)
+    got = [data for data, _, _ in target.received]
+    assert len(got) == N  # corrupted datagrams still go on, in order
+    diffs = [sum(a != b for a, b in zip(x, y, strict=True)) for x, y in zip(got, sent,
+                                                                            strict=True)]
+    assert sorted(set(diffs)) == [0, 1] and diffs.count(1) == c.corrupted == 114
+    again, proxy2, target2 = await rig.line(11, corrupt=0.1)
+    for data in sent:
+        again.send(data)
+    await settle(proxy2, target2, N)
+    assert [data for data, _, _ in target2.received] == got
+
+
 async def test_duplicate_copies_follow_their_original(rig: Rig) -> None:
     run = numbered_run(rig, duplicate=0.1)
     got = await run(3)

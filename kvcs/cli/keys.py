@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, command
+from .base import UsageError, command
 
 _SUITES = "aes-128-gcm (default), aes-256-gcm, aes-128-ctr-hmac-80, aes-128-ctr-hmac-64"
 
@@ -49,7 +49,7 @@ def _keygen_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _load_existing(path: Path) -> Any:
-    from .kv.scopefile import ScopeFileError, load_scope_file
+    from ..kv.scopefile import ScopeFileError, load_scope_file
 
     try:
         scope = load_scope_file(path)
@@ -70,7 +70,7 @@ def _check_writable(paths: list[Path], force: bool) -> None:
 
 
 def _write(path: Path, data: bytes, *, overwrite: bool) -> None:
-    from .kv.scopefile import write_secret_file
+    from ..kv.scopefile import write_secret_file
 
     try:
         write_secret_file(path, data, overwrite=overwrite)
@@ -81,9 +81,9 @@ def _write(path: Path, data: bytes, *, overwrite: bool) -> None:
 
 
 def _new_scope(args: argparse.Namespace, suite: Any) -> Any:
-    from .kv.errors import DescriptorError
-    from .kv.ids import ScopeKey
-    from .kv.scopefile import ScopeFile
+    from ..kv.errors import DescriptorError
+    from ..kv.ids import ScopeKey
+    from ..kv.scopefile import ScopeFile
 
     scope_key = None
     if args.scope_key:
@@ -98,8 +98,8 @@ def _new_scope(args: argparse.Namespace, suite: Any) -> Any:
 def _signing_key(args: argparse.Namespace, scope_path: Path) -> tuple[Any, Path, Path, Any]:
     """Generate the producer key; return it, its PEM and keyring paths and the scope
     file's reference to them (paths relative to the scope file)."""
-    from .kv.cose import ProducerKey
-    from .kv.scopefile import ProducerRef
+    from ..kv.cose import ProducerKey
+    from ..kv.scopefile import ProducerRef
 
     pem = Path(args.signing_key)
     keyring = pem.with_name(pem.stem + ".keyring.json")
@@ -117,8 +117,8 @@ def run_keygen(args: argparse.Namespace) -> int:
     """``kvcs keygen``: see the module docstring."""
     import json
 
-    from .kv.ids import scope_id
-    from .kv.secure import CipherSuite
+    from ..kv.ids import scope_id
+    from ..kv.secure import CipherSuite
 
     path = Path(args.scope_file)
     try:

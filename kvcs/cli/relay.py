@@ -1,59 +1,16 @@
-"""The ``kvcs`` command line.
-
-Subcommands are registered in :data:`COMMANDS`: each entry maps a name to a function that
-adds its subparser (``add(subparsers) -> parser``) and sets ``func`` (``func(args) -> int``)
-as the parser default. ``relay`` lives here; ``publish``, ``fetch`` and ``inspect`` are
-added by registering their builders in :data:`COMMANDS` (see the placeholders below).
-
-User mistakes exit with status 2 and one line on stderr, never a traceback.
-"""
+"""``kvcs relay``: run the caching relay (and, with ``--kvsp-store``, a KVSP HTTPS holder
+beside it, composed here so that the relay never imports the KV layer)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import sys
-from collections.abc import Callable
 from typing import Any
 
+from .base import UsageError, add_quic_options, command, stop_on_signals
+
 log = logging.getLogger("kvcs")
-
-
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit status 2."""
-
-
-Builder = Callable[[Any], argparse.ArgumentParser]
-COMMANDS: dict[str, Builder] = {}
-"""Subcommand name -> builder adding its subparser (insertion order = help order)."""
-
-
-def command(name: str) -> Callable[[Builder], Builder]:
-    """Register a subcommand builder."""
-
-    def deco(fn: Builder) -> Builder:
-        COMMANDS[name] = fn
-        return fn
-
-    return deco
-
-
-def add_quic_options(p: argparse.ArgumentParser) -> None:
-    """The transport options every networked command takes: ``--mtu``, ``--event-loop``."""
-    p.add_argument("--mtu", type=int, metavar="BYTES",
-                   help="path MTU of a LAN, for datagrams of MTU-48 bytes to every peer: "
-                        "1500 (Ethernet), 9000 (jumbo frames); default: the QUIC library's "
-                        "largest datagrams to a peer on loopback, 1350 bytes to others")
-    p.add_argument("--event-loop", choices=["asyncio", "uvloop"],
-                   help="event loop (default: $KVCS_EVENT_LOOP, else asyncio); uvloop needs "
-                        "pip install uvloop")
-
-
-# ---------------------------------------------------------------------------- relay
 
 
 @command("relay")
@@ -113,7 +70,7 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
 
 def relay_config(args: argparse.Namespace) -> Any:
     """Build the RelayConfig from ``--config`` and the flags (flags win)."""
-    from .relay.config import RelayConfig, load_config_file
+    from ..relay.config import RelayConfig, load_config_file
 
     cfg = RelayConfig()
     if args.config:
@@ -123,25 +80,14 @@ def relay_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (call inside the running loop): servers wait on
-    it, then shut down gracefully."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
 async def start_kvsp_beside(relay: Any) -> Any:
     """Start the KVSP HTTPS holder of ``relay.config.kvsp_store`` beside a started relay:
     same certificate and auth file, TCP on the relay's port number unless ``kvsp_listen``
     says otherwise. Returns the :class:`~kvcs.kvnet.kvsp_http.KvspServer` (the caller
     closes it); the relay itself never imports the KV layer."""
-    from .kv.store import BlockStore
-    from .kvnet.kvsp_http import KvspServer  # aiohttp: loaded only when configured
-    from .relay.config import ListenError, parse_hostport
+    from ..kv.store import BlockStore
+    from ..kvnet.kvsp_http import KvspServer  # aiohttp: loaded only when configured
+    from ..relay.config import ListenError, parse_hostport
 
     cfg = relay.config
     assert cfg.kvsp_store and relay.certfile is not None
@@ -159,9 +105,9 @@ async def start_kvsp_beside(relay: Any) -> Any:
 
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
-    from .relay import Relay
-    from .relay.config import ConfigError, ListenError
-    from .transport import default_library, use_library
+    from ..relay import Relay
+    from ..relay.config import ConfigError, ListenError
+    from ..transport import default_library, use_library
 
     try:
         cfg = relay_config(args)
@@ -211,45 +157,3 @@ def run_relay(args: argparse.Namespace) -> int:
 
     asyncio.run(run())
     return 0
-
-
-# ---------------------------------------------------------------------------- others
-# Placeholders: another module registers ``publish``, ``fetch`` and ``inspect`` with
-# ``@command("publish")`` etc. (builder adds a subparser and sets ``func``).
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every registered subcommand."""
-    from . import __version__, cli_keys, cli_kv  # noqa: F401  (they register their commands)
-
-    parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
-    parser.add_argument("--version", action="version", version=f"kvcs {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for build in COMMANDS.values():
-        build(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``kvcs`` script; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if getattr(args, "event_loop", None) or os.environ.get("KVCS_EVENT_LOOP"):
-            from .transport.eventloop import use_event_loop
-
-            try:
-                use_event_loop(getattr(args, "event_loop", None))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"kvcs {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, add_quic_options, command, stop_on_signals
+from .base import UsageError, add_quic_options, command, stop_on_signals
 
 log = logging.getLogger("kvcs")
 
@@ -59,8 +59,8 @@ def _common(p: argparse.ArgumentParser, *, tokens: bool = True, relay: bool = Tr
 
 
 def _scope(args: argparse.Namespace) -> Any:
-    from .kv.errors import DescriptorError
-    from .kv.ids import ScopeKey
+    from ..kv.errors import DescriptorError
+    from ..kv.ids import ScopeKey
 
     try:
         if args.scope_key:
@@ -80,7 +80,7 @@ def _content_keys(args: argparse.Namespace) -> Any:
     or keyless scope file is a one-line usage error."""
     if not args.protect:
         return None
-    from .kv.scopefile import ScopeFileError, load_scope_file
+    from ..kv.scopefile import ScopeFileError, load_scope_file
 
     if not args.scope_key:
         raise UsageError("--protect needs --scope-key <scope file with content keys> "
@@ -95,10 +95,24 @@ def _content_keys(args: argparse.Namespace) -> Any:
     return scope.secure_objects()
 
 
+def _scope_file_keys(args: argparse.Namespace) -> Any:
+    """The content keys of ``--scope-key`` when it is a scope file that holds some (None
+    otherwise): ``inspect`` reads protected manifests with them."""
+    from ..kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        return None
+    try:
+        scope = load_scope_file(args.scope_key)
+    except (ScopeFileError, OSError, ValueError):
+        return None  # a plain scope.key file: _scope() reads it
+    return scope.secure_objects() if scope.content_keys else None
+
+
 def _keyring(args: argparse.Namespace) -> Any:
     """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
-    from .kv.cose import Keyring
-    from .kv.errors import KvcsError
+    from ..kv.cose import Keyring
+    from ..kv.errors import KvcsError
 
     if not args.keyring:
         return None
@@ -111,7 +125,7 @@ def _keyring(args: argparse.Namespace) -> Any:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    from .kv.files import FileFormatError, load_descriptor, load_tokens
+    from ..kv.files import FileFormatError, load_descriptor, load_tokens
 
     try:
         desc = load_descriptor(args.descriptor)
@@ -121,11 +135,15 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return desc, tokens
 
 
-async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
-    """An endpoint connected to ``url`` (default ``--relay``) with the relay options."""
-    from .endpoint import Endpoint
-    from .moqt.wire import AuthToken
-    from .transport import QuicSettings
+async def _connect(args: argparse.Namespace, url: str | None = None, *,
+                   reconnecting: bool = False) -> Any:
+    """An endpoint connected to ``url`` (default ``--relay``) with the relay options; with
+    ``reconnecting``, a started :class:`~kvcs.kvnet.reconnect.ReconnectingTarget` instead
+    (a publisher whose relay restarts reconnects and announces again by itself)."""
+    from ..endpoint import Endpoint
+    from ..kvnet.reconnect import ReconnectingTarget
+    from ..moqt.wire import AuthToken
+    from ..transport import QuicSettings
 
     tokens: tuple[AuthToken, ...] = ()
     if args.token:
@@ -136,11 +154,14 @@ async def _connect(args: argparse.Namespace, url: str | None = None) -> Any:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     url = url or args.relay
+    options: dict[str, Any] = dict(settings=settings, verify=not args.insecure,
+                                   cafile=args.cafile, pin_sha256=args.pin,
+                                   auth_tokens=tokens)
     try:
-        return await Endpoint.connect(url, settings=settings, verify=not args.insecure,
-                                      cafile=args.cafile, pin_sha256=args.pin,
-                                      auth_tokens=tokens)
-    except (ConnectionError, ValueError, OSError) as exc:
+        if reconnecting:
+            return await ReconnectingTarget.connect(url, **options)
+        return await Endpoint.connect(url, **options)
+    except (ConnectionError, ValueError, OSError, TimeoutError) as exc:
         hint = ""
         if "certificate" in str(exc) and not (args.cafile or args.pin or args.insecure):
             hint = ("; the relay's certificate is not trusted here: pass --pin <its SHA-256 "
@@ -197,6 +218,16 @@ def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
                     "See docs/kvsp-profile.md.")
     p.add_argument("--check", metavar="FILE", help="validate FILE and print its "
                    "Compatibility ID")
+    p.add_argument("--from-model", metavar="DIR",
+                   help="derive the descriptor of a local transformers model directory "
+                        "(config.json + weights; needs the [hf] extra); the revision is the "
+                        "SHA-256 of its weight files unless --revision is given")
+    p.add_argument("--model-id", metavar="NAME", help="with --from-model: the model name "
+                   "(default: from the config, else the directory name)")
+    p.add_argument("--revision", metavar="REV", help="with --from-model: the weights "
+                   "revision (e.g. a hub commit)")
+    p.add_argument("--block-tokens", type=int, default=16, metavar="B",
+                   help="with --from-model: tokens per block (default 16)")
     p.add_argument("--out", metavar="FILE", help="write the template to FILE instead of "
                    "printing it (never overwrites)")
     p.set_defaults(func=run_descriptor)
@@ -205,7 +236,7 @@ def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_descriptor(args: argparse.Namespace) -> int:
     """``kvcs descriptor``."""
-    from .kv.files import FileFormatError, load_descriptor
+    from ..kv.files import FileFormatError, load_descriptor
 
     if args.check:
         try:
@@ -217,7 +248,10 @@ def run_descriptor(args: argparse.Namespace) -> int:
               f"{desc.dtype_name}, {desc.block_tokens} tokens per block, model "
               f"{desc.members['model']!r}")
         return 0
-    text = json.dumps(DESCRIPTOR_TEMPLATE, indent=2) + "\n"
+    members: dict[str, Any] = DESCRIPTOR_TEMPLATE
+    if args.from_model:
+        members = _descriptor_from_model(args).to_dict()
+    text = json.dumps(members, indent=2) + "\n"
     if args.out:
         try:
             with open(args.out, "x") as f:
@@ -226,10 +260,81 @@ def run_descriptor(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {args.out}: exists (not overwritten)") from None
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
-        print(f"wrote a descriptor template to {args.out}: edit model, revision, tokenizer "
-              "and the geometry to match your model", file=sys.stderr)
+        print(f"wrote the descriptor of {args.from_model} to {args.out}" if args.from_model
+              else f"wrote a descriptor template to {args.out}: edit model, revision, "
+                   "tokenizer and the geometry to match your model", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _descriptor_from_model(args: argparse.Namespace) -> Any:
+    """``descriptor --from-model``: the [hf] integration reads the model directory."""
+    try:
+        from ..integrations.hf import descriptor_for_directory
+    except ImportError as exc:
+        raise UsageError(f"--from-model needs the hf extra (pip install 'kvcs[hf]'): "
+                         f"{exc}") from None
+    if not Path(args.from_model).is_dir():
+        raise UsageError(f"--from-model {args.from_model}: not a directory")
+    try:
+        return descriptor_for_directory(args.from_model, model_id=args.model_id,
+                                        revision=args.revision,
+                                        block_tokens=args.block_tokens)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--from-model {args.from_model}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- sample
+
+
+@command("sample")
+def _sample_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sample", help="write a random KV cache and prompt matching a descriptor (to try "
+                       "the commands)",
+        description="Write random token IDs (--tokens-out, .npy) and a random K/V cache of "
+                    "them (--kv-out: arrays 'k' and 'v' [layers, tokens, kv_heads, head_dim] "
+                    "in the descriptor's dtype), the inputs `kvcs publish` takes. Not a "
+                    "model's cache: for trying relay, publish, inspect and fetch.")
+    p.add_argument("--descriptor", required=True, metavar="JSON",
+                   help="Compatibility Descriptor file (`kvcs descriptor --out`)")
+    p.add_argument("--tokens", type=int, default=1024, metavar="N",
+                   help="prompt length (default 1024)")
+    p.add_argument("--tokens-out", required=True, metavar="FILE", help="token IDs (.npy)")
+    p.add_argument("--kv-out", required=True, metavar="FILE", help="K/V arrays (.npz)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_sample)
+    return p
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """``kvcs sample``."""
+    import numpy as np
+
+    from ..kv.files import FileFormatError, load_descriptor, save_stacked_kv
+
+    try:
+        desc = load_descriptor(args.descriptor)
+    except FileFormatError as exc:
+        raise UsageError(str(exc)) from None
+    if args.tokens < 1:
+        raise UsageError("--tokens must be at least 1")
+    for out in (args.tokens_out, args.kv_out):
+        _check_out(out)
+    rng = np.random.default_rng(args.seed)
+    tokens = rng.integers(0, 32000, args.tokens, dtype=np.int64)
+    shape = (desc.layers, args.tokens, desc.kv_heads, desc.head_dim)
+    k = rng.standard_normal(shape, dtype=np.float32).astype(desc.dtype)
+    v = rng.standard_normal((*shape[:3], desc.v_shape()[2]), dtype=np.float32).astype(desc.dtype)
+    try:
+        np.save(args.tokens_out, tokens)
+        save_stacked_kv(args.kv_out, k, v)
+    except (OSError, FileFormatError) as exc:
+        raise UsageError(str(exc)) from None
+    mib = (k.nbytes + v.nbytes) / 2**20
+    print(f"wrote {args.tokens} token IDs to {args.tokens_out} and a {desc.layers}-layer "
+          f"K/V cache of them ({mib:.1f} MiB) to {args.kv_out}")
     return 0
 
 
@@ -281,10 +386,10 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_publish(args: argparse.Namespace) -> int:
     """``kvcs publish``."""
-    from .kv.cose import ProducerKey
-    from .kv.files import FileFormatError, load_kv
-    from .kv.store import BlockStore, store_cache
-    from .kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
+    from ..kv.cose import ProducerKey
+    from ..kv.files import FileFormatError, load_kv
+    from ..kv.store import BlockStore, store_cache
+    from ..kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -326,14 +431,14 @@ def run_publish(args: argparse.Namespace) -> int:
         raise UsageError("--hand-over-timeout must be positive")
 
     async def run() -> int:
-        ep = await _connect(args)
+        target = await _connect(args, reconnecting=True)
         try:
             opts = PublisherOptions(joint_codec=args.joint_codec, retention_s=args.retention,
                                     producer_key=key, hex_namespace=args.hex_namespace,
                                     hand_over_s=hand_over, secure=secure,
                                     secure_in_band=args.protect_in_band)
             try:
-                pub = KvPublisher(ep, scope, desc, tokens, opts)
+                pub = KvPublisher(target, scope, desc, tokens, opts)
             except PublicationError as exc:
                 raise UsageError(str(exc)) from None
             await pub.start()
@@ -360,13 +465,12 @@ def run_publish(args: argparse.Namespace) -> int:
                       "leaving", flush=True)
             if args.linger is None and hand_over is None:
                 print("serving the tracks; Ctrl-C to stop", flush=True)
-                await ep.wait_closed()
+                await asyncio.Event().wait()  # reconnects to a restarted relay meanwhile
             elif args.linger:
                 await asyncio.sleep(args.linger)
             return 0
         finally:
-            ep.close()
-            await ep.wait_closed()
+            await target.aclose()
             if index is not None:
                 await index.aclose()
 
@@ -395,9 +499,9 @@ def _index_client(args: argparse.Namespace) -> Any:
 
 async def _register(index: Any, args: argparse.Namespace, pub: Any, tokens: Any) -> None:
     """Register a publication's moqt:// URI with the KVSP Index for its Block Keys."""
-    from .kv.errors import KvcsError
-    from .kv.ids import block_keys
-    from .kv.index import publication_uri
+    from ..kv.errors import KvcsError
+    from ..kv.ids import block_keys
+    from ..kv.index import publication_uri
 
     keys = block_keys(pub.scope, pub.compat_id, tokens, pub.descriptor.block_tokens)
     uri = publication_uri(args.relay, pub.fields)
@@ -491,7 +595,7 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _codecs(values: list[str] | None) -> list[str]:
     """``--codec`` values (repeated and/or comma-separated) as a preference order."""
-    from .kv.tracks import TrackName
+    from ..kv.tracks import TrackName
 
     names = [c.strip() for v in values or ["raw"] for c in v.split(",") if c.strip()]
     for name in names:
@@ -504,9 +608,9 @@ def _codecs(values: list[str] | None) -> list[str]:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """``kvcs fetch``."""
-    from .kv.errors import KvcsError
-    from .kv.files import FileFormatError, save_kv
-    from .kvnet.consumer import KvConsumer, RecomputeRequired
+    from ..kv.errors import KvcsError
+    from ..kv.files import FileFormatError, save_kv
+    from ..kvnet.consumer import KvConsumer, RecomputeRequired
 
     _setup_logging(args)
     desc, tokens = _load(args)
@@ -616,7 +720,7 @@ def _http_client(args: argparse.Namespace) -> Any:
 
 def _kvsp_client(urls: list[str], token: str | None, cafile: str | None, pin: str | None,
                  flag: str) -> Any:
-    from .kvnet.kvsp_http import KvspClient
+    from ..kvnet.kvsp_http import KvspClient
 
     try:
         return KvspClient(urls, token, cafile=cafile, pin_sha256=pin)
@@ -657,11 +761,11 @@ def _kvsp_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_kvsp_serve(args: argparse.Namespace) -> int:
     """``kvcs kvsp-serve``: serve until SIGINT/SIGTERM."""
-    from .auth import AuthError, Authorizer
-    from .kv.store import BlockStore
-    from .kvnet.kvsp_http import KvspServer
-    from .relay.config import ConfigError, parse_hostport
-    from .transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
+    from ..auth import AuthError, Authorizer
+    from ..kv.store import BlockStore
+    from ..kvnet.kvsp_http import KvspServer
+    from ..relay.config import ConfigError, parse_hostport
+    from ..transport.certs import ensure_dev_certificate, fingerprint_sha256, load_certificate
 
     _setup_logging(args)
     try:
@@ -726,12 +830,12 @@ def _inspect_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """``kvcs inspect``."""
-    from .endpoint import MoqtRequestError
-    from .kv.cose import verify_manifest
-    from .kv.errors import KvcsError
-    from .kv.ids import KvcsNamespace, scope_id
-    from .kv.manifest import Manifest, check_namespace
-    from .kvnet.manifest_track import ManifestTrack
+    from ..endpoint import MoqtRequestError
+    from ..kv.cose import verify_manifest
+    from ..kv.errors import KvcsError
+    from ..kv.ids import KvcsNamespace, scope_id
+    from ..kv.manifest import Manifest, check_namespace
+    from ..kvnet.manifest_track import ManifestTrack
 
     _setup_logging(args)
     scope = _scope(args)
@@ -739,6 +843,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.descriptor:
         desc, _ = _load(args)
     keyring = _keyring(args)
+    secure = _scope_file_keys(args)
     sid = scope_id(scope)
     hexf = args.hex_namespace
     fields = [sid] + ([desc.compat_id] if desc else [])
@@ -765,7 +870,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                 track = None
                 try:
                     async with asyncio.timeout(5):
-                        track = await ManifestTrack.open(ep, ns, require_signed=False)
+                        track = await ManifestTrack.open(ep, ns, require_signed=False,
+                                                         secure=secure)
                         blob = await track.next_version()
                 except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                     print(f"  no manifest: {exc or 'none within 5 s'}")
@@ -796,7 +902,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                     continue
                 print(f"  {name} v{g}: {m.layers} layers, {m.block_tokens} "
                       f"tokens/block, model {m.compat.get('model')!r}, "
-                      f"deterministic={m.deterministic}")
+                      f"deterministic={m.deterministic}"
+                      + (", protected (Secure Objects)" if track.protected else ""))
                 for seg in m.segments:
                     print(f"    segment {seg.segment}: blocks {seg.first_block}.."
                           f"{seg.first_block + seg.blocks - 1}, complete={seg.complete}, "

@@ -1,0 +1,56 @@
+"""The ``kvcs`` command line: ``relay``, ``publish``, ``fetch``, ``inspect``,
+``descriptor``, ``keygen`` and ``kvsp-serve``.
+
+Each module registers its subcommands with :func:`~kvcs.cli.base.command`: a builder that
+adds the subparser and sets ``func(args) -> int``. User mistakes exit with status 2 and one
+line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .base import COMMANDS, UsageError
+from .relay import relay_config, start_kvsp_beside
+
+__all__ = ["UsageError", "build_parser", "main", "relay_config", "start_kvsp_beside"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    from .. import __version__
+    from . import keys, kv, relay  # noqa: F401  (they register their commands)
+
+    parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
+    parser.add_argument("--version", action="version", version=f"kvcs {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for build in COMMANDS.values():
+        build(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kvcs`` script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "event_loop", None) or os.environ.get("KVCS_EVENT_LOOP"):
+            from ..transport.eventloop import use_event_loop
+
+            try:
+                use_event_loop(getattr(args, "event_loop", None))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"kvcs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
