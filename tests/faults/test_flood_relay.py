@@ -46,6 +46,7 @@ from kvcs.testing import LocalNet, until
 from kvcs.transport import ConnectionInfo, DevCertificate, QuicSettings, connect
 
 from .hostile import HostileSession
+from .report import ScenarioRecord
 
 NS = (b"good", b"ns")
 BIG_OBJECTS, OBJECT_SIZE = 512, 32 << 10  # the good consumers' track: 16 MiB
@@ -57,6 +58,8 @@ REQUEST_SESSIONS, IN_FLIGHT = 8, 64
 """Flooding sessions making requests, and the requests each keeps open (qh3 lets a
 client open 100 request streams at once)."""
 CHURN_TASKS = 16
+ACCEPT_RATE = 20.0
+"""The relay's new sessions per second in this test."""
 """Tasks of the flooder that open and close sessions in a loop."""
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,9 +212,13 @@ async def _sample(probe: Callable[[], int], into: list[int], stop: asyncio.Event
 
 
 @pytest.mark.faults
-async def test_a_flood_leaves_good_consumers_half_their_goodput(cert: DevCertificate) -> None:
+async def test_a_flood_leaves_good_consumers_half_their_goodput(
+        cert: DevCertificate, scenario: ScenarioRecord) -> None:
     async with LocalNet(cert) as net:
-        relay = await net.relay()
+        # new sessions at 20/s (default 100/s): the niced flooder's 16 churning tasks
+        # reach 40-80 handshakes/s here, depending on the machine's load, so its extra
+        # sessions are refused in every run, not only when the machine is idle
+        relay = await net.relay(accept_rate=ACCEPT_RATE)
         pacer = relay.admission.pacer
         assert pacer is not None
         pub = await net.client(relay)
@@ -270,6 +277,8 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(cert: DevCertifi
         print(f"\ngoodput MiB/s quiet {[[round(x / 2**20) for x in q] for q in quiet]}, "
               f"flooded {[[round(x / 2**20) for x in f] for f in flooded]}; median ratios "
               f"{[round(r, 2) for r in ratios]}; flooder {report}")
+        scenario.result = "consumers complete, flooder limited"
+        scenario.goodput_ratio = min(ratios)
         assert min(ratios) >= 0.5, (ratios, report)
         # the flooder alone was limited, with the draft's answers, and never closed
         assert report["answered"] >= report["requests"] - REQUEST_SESSIONS * IN_FLIGHT
@@ -277,7 +286,7 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(cert: DevCertifi
         assert report["fetches_ok"] > 0 and not report["closed"]
         assert pacer.delayed > 0  # its requests waited their turn
         assert report["junk_streams"] > 0
-        assert report["sessions_refused"] > 0  # past the accept rate (100/s)
+        assert report["sessions_refused"] > 0  # past the accept rate
         # memory: within the cache budget plus the bound per session
         growth = max(samples) - memory_before
         bound = relay.cache.budget + sessions * relay.session_memory_bound
