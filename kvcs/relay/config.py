@@ -73,8 +73,9 @@ class RelayConfig:
     max_requests_per_session: int = 1024
     fetch_retry_ms: int = 1000
     request_rate: float = 1000.0
-    """Requests per second the relay handles over all its sessions, round robin between
-    the sessions that have some waiting (0: no pacing); see docs/relay.md, Fairness."""
+    """Requests per second the relay handles over all its sessions, least-served session
+    first among those with some waiting (0: no pacing); see docs/relay.md, Fairness and
+    bounded memory."""
     request_burst: int = 256
     """Requests handled at once before ``request_rate`` applies."""
     max_session_backlog: int = 64 << 20

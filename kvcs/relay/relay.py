@@ -121,7 +121,7 @@ class Relay:
     @property
     def session_memory_bound(self) -> int:
         """The most bytes one session makes the relay hold besides its cache (see
-        docs/relay.md, Memory): the session's MOQT state
+        docs/relay.md, Fairness and bounded memory): the session's MOQT state
         (:func:`~kvcs.moqt.config.state_bound` at the transport's stream limits), what
         waits to be sent to it (``max_session_backlog``, then TOO_FAR_BEHIND), a write
         window for each FETCH it may have going, QUIC's flow-control windows each way
