@@ -157,6 +157,14 @@ class QuicSettings:
     accept_burst: int = 32
     """Server: new connections accepted at once before :attr:`accept_rate` applies."""
 
+    handshake_timeout: float = 3.0
+    """Server: a connection that has sent nothing this many seconds after its client's
+    first datagram is forgotten: none of the client's packets could be decrypted (garbage,
+    or Initials corrupted on the way), so there was nothing to answer, and the client's
+    next good Initial opens a connection anew. Before, such a connection was kept for the
+    whole idle timeout (30 s measured). A client whose Initial decrypts is answered at once
+    and is not affected."""
+
     send_watermark: int = 512 * KiB
     """Send scheduler: stream bytes handed to QUIC but not yet sent are kept below this,
     the rest waits in per-stream queues so that stream priorities take effect. Large enough
@@ -181,7 +189,7 @@ class QuicSettings:
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
             raise ValueError("keep_alive_s must be positive, 0 (off) or None (automatic)")
         for name in ("max_data", "max_stream_data", "max_streams_uni", "max_streams_bidi",
-                     "max_connections", "accept_rate", "accept_burst"):
+                     "max_connections", "accept_rate", "accept_burst", "handshake_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.datagram_receive_buffer < 2048:

@@ -85,6 +85,14 @@ class CidRouter(Protocol):
         ...
 
 
+class _Unanswered:
+    """The termination of a connection forgotten by :meth:`MoqtConnection.forget_if_unanswered`
+    (in the shape of the QUIC libraries' ConnectionTerminated event)."""
+
+    error_code = 0
+    reason_phrase = "nothing from the client decrypted"
+
+
 class MoqtConnection:
     """One QUIC connection carrying one MOQT session (raw QUIC or WebTransport).
 
@@ -150,6 +158,7 @@ class MoqtConnection:
         self._closed_callbacks: list[Callable[[], None]] = []
         self._datagram_size = lib.datagram_size(quic)
         self._heard_at = self._loop.time()  # last datagram from the peer
+        self._answered = False  # a datagram was sent (a server: the client's decrypted)
         self._keep_alive: asyncio.TimerHandle | None = None
         self._keep_alive_every = 0.0
         self._wt: WebTransport | None = None
@@ -338,6 +347,7 @@ class MoqtConnection:
                 break
             if datagrams:
                 udp.send(datagrams)
+                self._answered = True
             if not datagrams or not scheduler.has_queued:
                 break
             if scheduler.unsent_bytes() >= scheduler.watermark:
@@ -669,7 +679,22 @@ class MoqtConnection:
             except Exception:
                 logger.exception("session.connection_lost failed")
 
+    def forget_if_unanswered(self) -> None:
+        """:meta private: a server's connection that has sent nothing yet (no packet of
+        its client could be decrypted) ends now, without CONNECTION_CLOSE or draining:
+        nobody could read them (:attr:`QuicSettings.handshake_timeout
+        <kvcs.transport.QuicSettings.handshake_timeout>`)."""
+        if self._answered or self._terminated is not None:
+            return
+        logger.info("server connection forgotten: nothing from its client decrypted")
+        for handle in (self._timer, self._transmit_handle, self._flush_handle):
+            if handle is not None:
+                handle.cancel()
+        self._on_terminated(_Unanswered())
+
     def _on_terminated(self, event: Any) -> None:
+        if self._terminated is not None:
+            return  # forgotten before QUIC ended it
         self._terminated = event
         self._closed.set()
         if self._keep_alive is not None:

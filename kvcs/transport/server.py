@@ -214,6 +214,8 @@ async def serve(
                               on_session=on_session, udp=listener.udp, cid_router=listener)
         listener.add_cid(quic.host_cid, conn)
         conn.add_close_callback(lambda: listener.forget(conn))
+        asyncio.get_running_loop().call_later(settings.handshake_timeout,
+                                              conn.forget_if_unanswered)
         if servers:
             servers[0]._register(conn)
         return conn

@@ -98,11 +98,6 @@ async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
 
 
 @pytest.mark.faults
-@pytest.mark.xfail(strict=True, reason=(
-    "needs transport fix (owned by the transport robustness work): the server keeps the "
-    "QUIC connection of a handshake that never decrypted for the whole idle timeout (30 s "
-    "measured), so Initials of garbage hold relay state for 30 s each; a handshake "
-    "timeout of a few seconds would bound it (kvcs/transport/server.py)"))
 async def test_undecryptable_handshake_forgotten_soon(faultnet: FaultNet,
                                                      scenario: ScenarioRecord) -> None:
     relay = await faultnet.relay()
