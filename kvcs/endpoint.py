@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from .admission import Admission
+from .admission import Admission, RequestPacer
 from .moqt import events as ev
 from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
@@ -272,12 +273,22 @@ class BoundSession:
     (:meth:`handle_event`) and clean up when the session ends (:meth:`session_ended`).
     """
 
-    def __init__(self, conn: MoqtConnection) -> None:
+    def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None,
+                 max_backlog: int | None = None) -> None:
         assert conn.session is not None and isinstance(conn.session, Session)
         self.conn = conn
         self.session: Session = conn.session
-        self.server = TrackServer(self.session, on_request_ended=self.served_request_ended)
-        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``)."""
+        self.pacer = pacer
+        """Hands the peer's requests to :meth:`handle_request` at the server's pace
+        (:class:`~kvcs.admission.RequestPacer`, shared by its sessions); None: at once."""
+        self.server = TrackServer(
+            self.session, on_request_ended=self.served_request_ended,
+            backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
+            max_backlog=max_backlog or 0)
+        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
+        ``max_backlog``, a live subscriber that lets more bytes than that queue up is
+        ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
+        <kvcs.moqt.serving.TrackServer.max_backlog>`)."""
         loop = asyncio.get_running_loop()
         self._established: asyncio.Future[SetupOptions] = loop.create_future()
         self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()
@@ -371,7 +382,13 @@ class BoundSession:
         elif self.server.handle(e):
             return
         elif isinstance(e, ev.RequestReceived):
-            self.handle_request(e)
+            if self.pacer is None:
+                self.handle_request(e)
+            else:
+                self.pacer.submit(self, e.request_id, functools.partial(self._paced, e))
+        elif (isinstance(e, ev.RequestCancelled) and self.pacer is not None
+              and self.pacer.withdraw(self, e.request_id)):
+            return  # cancelled while it waited for its turn: never handled
         elif isinstance(e, ev.SessionEstablished):
             _resolve(self._established, e.options)
         elif isinstance(e, ev.SessionClosed):
@@ -380,6 +397,16 @@ class BoundSession:
             log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
         else:
             self.handle_event(e)
+
+    def _paced(self, e: ev.RequestReceived) -> None:
+        """Request ``e``'s turn has come (:attr:`pacer`)."""
+        if self.is_closed:
+            return
+        try:
+            self.handle_request(e)
+        except Exception:
+            log.exception("error handling %s", type(e.message).__name__)
+        self.schedule_flush()
 
     def handle_request(self, e: ev.RequestReceived) -> None:
         """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
@@ -399,6 +426,8 @@ class BoundSession:
         if self._closed.done():
             return
         self._closed.set_result(closed)
+        if self.pacer is not None:
+            self.pacer.forget(self)
         if not self._established.done():
             self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
             self._established.exception()
@@ -416,6 +445,7 @@ class BoundSession:
 
 
 B = TypeVar("B", bound=BoundSession)
+T = TypeVar("T")
 
 
 def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
@@ -476,7 +506,7 @@ class Endpoint(BoundSession):
     def __init__(self, conn: MoqtConnection, *, origin: Origin[Endpoint] | None = None,
                  auth_tokens: tuple[AuthToken, ...] = (),
                  admission: Admission | None = None) -> None:
-        super().__init__(conn)
+        super().__init__(conn, admission.pacer if admission is not None else None)
         self.origin: Origin[Endpoint] = Origin() if origin is None else origin
         self.auth_tokens = auth_tokens
         """Sent with every request (and in SETUP by :meth:`connect`)."""
@@ -536,6 +566,17 @@ class Endpoint(BoundSession):
         self._requests.pop(request_id, None)
         self.flush()
 
+    async def _answer(self, request_id: int, answer: Awaitable[T]) -> T:
+        """Wait for the answer to our request ``request_id``. A caller that stops waiting
+        (its task cancelled, e.g. by a timeout) never gets the request's handle, so the
+        request is cancelled on both ends instead of staying registered."""
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if request_id in self._requests and not self.is_closed:
+                self._cancel(request_id)
+            raise
+
     # ----------------------------------------------------------------- publishing
 
     def create_track(self, namespace: TrackNamespace, name: bytes,
@@ -563,7 +604,7 @@ class Endpoint(BoundSession):
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         self.schedule_flush()
-        await fut
+        await self._answer(rid, fut)
         ns = tuple(namespace)
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
@@ -661,7 +702,7 @@ class Endpoint(BoundSession):
         sub = Subscription(self, rid)
         self._requests[rid] = sub
         self.schedule_flush()
-        sub.ok = await sub._accepted
+        sub.ok = await self._answer(rid, sub._accepted)
         return sub
 
     async def fetch(
@@ -683,7 +724,7 @@ class Endpoint(BoundSession):
         res = FetchResult(self, rid)
         self._requests[rid] = res
         self.schedule_flush()
-        res.ok = await res._accepted
+        res.ok = await self._answer(rid, res._accepted)
         return res
 
     async def track_status(self, namespace: TrackNamespace, name: bytes) -> RequestOk:
@@ -692,7 +733,7 @@ class Endpoint(BoundSession):
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._requests[rid] = fut
         self.schedule_flush()
-        return await fut
+        return await self._answer(rid, fut)
 
     async def subscribe_namespace(self, prefix: TrackNamespace) -> NamespaceWatch:
         """SUBSCRIBE_NAMESPACE; iterate the watch for (announced, namespace) changes."""
@@ -700,7 +741,7 @@ class Endpoint(BoundSession):
         watch = NamespaceWatch(self, rid)
         self._requests[rid] = watch
         self.schedule_flush()
-        await watch._accepted
+        await self._answer(rid, watch._accepted)
         return watch
 
     # ----------------------------------------------------------------- serving

@@ -52,6 +52,14 @@ from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
 log = logging.getLogger(__name__)
 
 _END = Location(MAX_VI64, MAX_VI64)
+_RESET_FOR_DONE: dict[int, int] = {
+    PublishDoneCode.GOING_AWAY: StreamResetCode.GOING_AWAY,
+    PublishDoneCode.TOO_FAR_BEHIND: StreamResetCode.TOO_FAR_BEHIND,
+    PublishDoneCode.EXCESSIVE_LOAD: StreamResetCode.EXCESSIVE_LOAD,
+    PublishDoneCode.MALFORMED_TRACK: StreamResetCode.MALFORMED_TRACK,
+}
+"""The code of the RESET_STREAMs that cut a subscription's data streams short, by the
+PUBLISH_DONE status that ends it (INTERNAL_ERROR for the others)."""
 
 
 class FilterError(ValueError):
@@ -154,6 +162,7 @@ class TrackServer:
     def __init__(self, session: Session, max_filter_ranges: int | None = None, *,
                  on_request_ended: Callable[[int], None] | None = None,
                  can_fill: Callable[[int, int, Location, Location], bool] | None = None,
+                 backlog: Callable[[], int] | None = None, max_backlog: int = 0,
                  ) -> None:
         self.session = session
         self.max_filter_ranges = (session.config.max_filter_ranges
@@ -171,6 +180,15 @@ class TrackServer:
         self._on_request_ended = on_request_ended
         """Called with the Request ID of a served subscription or fetch once it has ended
         for any reason (done, cancelled, failed): the owner's bookkeeping (the relay's)."""
+        self._backlog = backlog
+        self.max_backlog = max_backlog
+        """With ``backlog`` (the bytes written to the session that the transport has not
+        taken yet): past this many, a live object is not queued for a subscriber that
+        does not read; its subscription ends with PUBLISH_DONE TOO_FAR_BEHIND (digest
+        9.3) and its streams are reset, which frees what they held. Fetches and fills
+        need no such bound: their cursors wait for the stream to drain (``write_window``)."""
+        self.too_far_behind = 0
+        """Subscriptions ended with TOO_FAR_BEHIND so far."""
 
     # ------------------------------------------------------------- requests
 
@@ -303,15 +321,23 @@ class TrackServer:
         return False
 
     def end_subscription(self, request_id: int, status: int, reason: str = "") -> None:
-        """End a served subscription now (PUBLISH_DONE), e.g. upstream went away."""
+        """End a served subscription now, e.g. upstream went away: its open data streams
+        (live subgroups, fills) are reset with the code matching ``status``, then
+        PUBLISH_DONE ``status`` (digest 4.11: after every stream is closed or reset)."""
         sub = self._subs.pop(request_id, None)
         if sub is None:
             return
         sub.done = True
+        code = _RESET_FOR_DONE.get(status, StreamResetCode.INTERNAL_ERROR)
         for cur in sub.cursors:
             if not cur.done:
                 cur.done = True
-                self.session.reset_data_stream(cur.stream_id, StreamResetCode.INTERNAL_ERROR)
+                self._blocked.pop(cur.stream_id, None)
+                self.session.reset_data_stream(cur.stream_id, code)
+        for sid in sub.streams.values():
+            if self.session.data_stream_open(sid):
+                self.session.reset_data_stream(sid, code)
+        sub.streams.clear()
         self.session.publish_done(request_id, status, reason)
         self._unwatch_if_idle(sub.track)
         self._notify_done(request_id)
@@ -516,6 +542,15 @@ class TrackServer:
         if loc < sub.start or (sub.end is not None and loc > sub.end):
             return
         if obj.status == ObjectStatus.NORMAL and not passes_range_filters(obj, sub.filters):
+            return
+        if self._backlog is not None and self._backlog() > self.max_backlog:
+            # the peer does not read (QUIC flow control holds the rest back): queueing
+            # more would grow without bound, and pin objects the cache has let go
+            log.info("subscription %d: subscriber too far behind (%d bytes queued)",
+                     sub.request_id, self._backlog())
+            self.too_far_behind += 1
+            self.end_subscription(sub.request_id, PublishDoneCode.TOO_FAR_BEHIND,
+                                  "subscriber too far behind")
             return
         s = self.session
         key = (obj.group_id, obj.subgroup_id)

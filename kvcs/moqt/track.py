@@ -206,25 +206,25 @@ class Track:
         self.bytes += len(obj.payload)
         self.count += 1
         loc = obj.location
-        if obj.status == ObjectStatus.END_OF_GROUP:
-            g.end = obj.object_id
-        elif obj.status == ObjectStatus.END_OF_TRACK:
-            g.end = obj.object_id
+        ends = obj.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
+        if ends:
+            # End of Group then End of Track (the next Object ID) is how KVCS ends a
+            # track: the first marker bounds the group, whichever arrives first
+            g.end = obj.object_id if g.end is None else min(g.end, obj.object_id)
+        if obj.status == ObjectStatus.END_OF_TRACK:
             self.end_of_track = loc
         if self.largest is None or loc > self.largest:
             self.largest = loc
         for listener in list(self.listeners):
             listener(self, "object", obj)
-        if obj.status == ObjectStatus.END_OF_GROUP and self._contiguous(g):
+        if (ends and self.origin) or (g.end is not None and not g.closed
+                                      and self._contiguous(g)):
+            # an origin track is written in order: its end markers close the group. A
+            # cached copy may learn the end before objects still in flight on other
+            # streams (a fill): its group closes when the last missing one arrives
             self.close_group(obj.group_id)
-        elif obj.status == ObjectStatus.END_OF_TRACK:
-            # a relay's copy may learn End of Track before earlier objects of its group,
-            # which travel on another stream (a fill): the group closes once they are in
-            if self.origin or self._contiguous(g):
-                self.close_group(obj.group_id)
+        if obj.status == ObjectStatus.END_OF_TRACK:
             self._mark_ended()
-        elif g.end is not None and not g.closed and self._contiguous(g):
-            self.close_group(obj.group_id)  # the last missing object of an ended group
         return True
 
     def append(self, group_id: int, object_id: int, payload: bytes | memoryview, *,
@@ -237,9 +237,12 @@ class Track:
 
     @staticmethod
     def _contiguous(g: _Group) -> bool:
-        if g.end is None:
+        """Every Object ID from 0 to the group's last one is here (or aged out), and an
+        end marker is among them."""
+        last = max(g.ids[-1] if g.ids else -1, g.gone[-1][1] if g.gone else -1)
+        if g.end is None or last < g.end:
             return False
-        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == g.end + 1
+        return len(g.ids) + sum(hi - lo + 1 for lo, hi in g.gone) == last + 1
 
     def close_group(self, group_id: int) -> None:
         """Record that every object of ``group_id`` is known (present or absent)."""

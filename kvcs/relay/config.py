@@ -72,6 +72,21 @@ class RelayConfig:
     max_fetches_per_session: int = 16
     max_requests_per_session: int = 1024
     fetch_retry_ms: int = 1000
+    request_rate: float = 1000.0
+    """Requests per second the relay handles over all its sessions, least-served session
+    first among those with some waiting (0: no pacing); see docs/relay.md, Fairness and
+    bounded memory."""
+    request_burst: int = 256
+    """Requests handled at once before ``request_rate`` applies."""
+    max_session_backlog: int = 64 << 20
+    """Bytes written to a session and not yet taken by its QUIC connection past which a
+    live object is not queued for it: the subscription ends with PUBLISH_DONE
+    TOO_FAR_BEHIND (a subscriber that stopped reading). Fetches wait instead."""
+    max_sessions: int = 1024
+    """Sessions at once; a new client past it is not answered (its handshake times out)."""
+    accept_rate: float = 100.0
+    """New sessions per second (bursts of 32); past it a new client's first packets are
+    dropped and QUIC resends them (:attr:`kvcs.transport.QuicSettings.accept_rate`)."""
     upstream_linger: float = 10.0
     """Seconds an upstream subscription is kept after its last downstream left."""
     goaway_grace: float = 2.0
@@ -102,7 +117,7 @@ class RelayConfig:
             current = getattr(self, name)
             if isinstance(current, bool) and not isinstance(value, bool):
                 raise ConfigError(f"{key} must be true or false")
-            if name == "cache_bytes":
+            if name in ("cache_bytes", "max_session_backlog"):
                 value = parse_size(value)
             elif isinstance(current, int | float) and not isinstance(current, bool):
                 try:
@@ -136,6 +151,12 @@ class RelayConfig:
             raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {self.upstream}")
         if self.cache_bytes <= 0:
             raise ConfigError("--cache-bytes must be positive")
+        if self.request_rate < 0 or self.request_burst < 1:
+            raise ConfigError("request-rate must be >= 0 and request-burst >= 1")
+        if self.max_session_backlog < 1 << 20:
+            raise ConfigError("max-session-backlog must be at least 1MiB")
+        if self.max_sessions < 1 or self.accept_rate <= 0:
+            raise ConfigError("max-sessions and accept-rate must be positive")
         if self.quic_preset not in ("default", "loopback"):
             raise ConfigError("--quic-preset must be 'default' or 'loopback'")
         if self.quic_backend not in (None, "auto", "aioquic", "qh3"):

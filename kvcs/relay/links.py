@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..auth import render_namespace
 from ..moqt import events as ev
-from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode, StreamResetCode
 from ..moqt.track import CachedObject, FullTrackName, ImmutabilityError, Track
 from ..moqt.wire import (
     END_OF_NON_EXISTENT_RANGE,
@@ -211,7 +211,10 @@ class Links:
             if e.update_id is None:
                 self._failed(link, e.message.code, e.message.reason)
         elif isinstance(e, ev.RequestFailed):
-            self._failed(link, RequestErrorCode.INTERNAL_ERROR, e.reason)
+            # the session cancels a track it finds malformed (digest 8.8): say so downstream
+            malformed = e.code == StreamResetCode.MALFORMED_TRACK
+            self._failed(link, RequestErrorCode.MALFORMED_TRACK if malformed
+                         else RequestErrorCode.INTERNAL_ERROR, e.reason)
 
     def _maybe_complete(self, link: Link) -> None:
         """Mark the track complete once End of Track and every Location before it are
@@ -240,7 +243,9 @@ class Links:
 
     def _failed(self, link: Link, code: int, reason: str) -> None:
         if link.established:
-            self.lost(link, PublishDoneCode.INTERNAL_ERROR, reason)
+            self.lost(link, PublishDoneCode.MALFORMED_TRACK
+                      if code == RequestErrorCode.MALFORMED_TRACK
+                      else PublishDoneCode.INTERNAL_ERROR, reason)
             return
         self._retire(link)
         self._reject_waiting(link, code, f"upstream: {reason}")
@@ -248,16 +253,22 @@ class Links:
             self.relay.cache.forget(link.track)
 
     def lost(self, link: Link, status: int, reason: str) -> None:
-        """The upstream subscription ended before the track was complete."""
+        """The upstream subscription ended before the track was complete (``status``: the
+        PUBLISH_DONE status that ended it). A malformed track (digest 8.8) ends every
+        downstream request with MALFORMED_TRACK, a publisher that left with GOING_AWAY,
+        anything else with INTERNAL_ERROR."""
         self._retire(link)
-        self._reject_waiting(link, RequestErrorCode.INTERNAL_ERROR, f"upstream: {reason}")
+        malformed = status == PublishDoneCode.MALFORMED_TRACK
+        self._reject_waiting(link, RequestErrorCode.MALFORMED_TRACK if malformed
+                             else RequestErrorCode.INTERNAL_ERROR, f"upstream: {reason}")
         track = link.track
         if track.complete:
             return
-        code = (PublishDoneCode.GOING_AWAY if status == PublishDoneCode.GOING_AWAY
+        code = (status if status in (PublishDoneCode.GOING_AWAY, PublishDoneCode.MALFORMED_TRACK)
                 else PublishDoneCode.INTERNAL_ERROR)
+        reset = StreamResetCode.MALFORMED_TRACK if malformed else StreamResetCode.INTERNAL_ERROR
         for (_sid, rid), p in list(link.downstream.items()):
-            p.abort_served(rid, code, reason)
+            p.abort_served(rid, code, reason, reset)
         link.downstream.clear()
         # we cannot state the completeness of what is cached honestly: drop it
         self.relay.cache.forget(track)

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from ..admission import Admission, Limits
 from ..auth import Authorizer
-from ..endpoint import open_session, serve_sessions
+from ..endpoint import WRITE_WINDOW, open_session, serve_sessions
 from ..errors import ConfigError
 from ..moqt import events as ev
+from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
 from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
@@ -63,10 +65,13 @@ class Relay:
         self.auth = authorizer
         self.admission = Admission(authorizer, Limits(
             max_requests=config.max_requests_per_session,
-            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms))
+            max_fetches=config.max_fetches_per_session, retry_ms=config.fetch_retry_ms,
+            request_rate=config.request_rate, request_burst=config.request_burst))
         try:
-            self.settings = settings or QuicSettings.for_path(mtu=config.mtu,
-                                                              preset=config.quic_preset)
+            settings = settings or QuicSettings.for_path(mtu=config.mtu,
+                                                         preset=config.quic_preset)
+            self.settings = dataclasses.replace(settings, max_connections=config.max_sessions,
+                                                accept_rate=config.accept_rate)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
@@ -98,6 +103,12 @@ class Relay:
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
         m.labelled_gauge("kvcs_relay_session_datagram_size_bytes", "session", lambda: {
             str(p.id): p.max_datagram_size for p in self.sessions.values()})
+        m.gauge("kvcs_relay_sessions_refused_total",
+                lambda: self.server.refused_connections if self.server else 0)
+        pacer = self.admission.pacer
+        if pacer is not None:
+            m.gauge("kvcs_relay_requests_delayed_total", lambda: pacer.delayed)
+            m.gauge("kvcs_relay_requests_waiting", lambda: pacer.waiting)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -106,6 +117,21 @@ class Relay:
         """The UDP port the relay listens on."""
         assert self.server is not None
         return self.server.port
+
+    @property
+    def session_memory_bound(self) -> int:
+        """The most bytes one session makes the relay hold besides its cache (see
+        docs/relay.md, Fairness and bounded memory): the session's MOQT state
+        (:func:`~kvcs.moqt.config.state_bound` at the transport's stream limits), what
+        waits to be sent to it (``max_session_backlog``, then TOO_FAR_BEHIND), a write
+        window for each FETCH it may have going, QUIC's flow-control windows each way
+        (``max_data``) and the send watermark. Fills add a write window each, and the
+        object being queued when a bound is reached comes on top."""
+        cfg, st = self.config, self.settings
+        return (state_bound(SessionConfig(is_client=False), st.max_streams_bidi,
+                            st.max_streams_uni)
+                + cfg.max_session_backlog + cfg.max_fetches_per_session * WRITE_WINDOW
+                + 2 * st.max_data + st.send_watermark)
 
     @property
     def upstream(self) -> RelaySession | None:
@@ -206,6 +232,8 @@ class Relay:
                 await self._sweeper
         if self.server is not None:
             await self.server.aclose(timeout=1.0)
+        if self.admission.pacer is not None:
+            self.admission.pacer.close()
         if self.metrics_server is not None:
             await self.metrics_server.aclose()
         log.info("relay stopped")
@@ -348,6 +376,13 @@ class Relay:
         if self.namespaces.withdraw(peer, rid) or self.namespaces.unwatch(peer, rid):
             return
         peer.served.pop(rid, None)
+        for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
+            for fwd, asker in list(source.status_forwarded.items()):
+                if asker == (peer, rid):
+                    del source.status_forwarded[fwd]
+                    if not source.is_closed:
+                        source.session.cancel(fwd)
+                        source.schedule_flush()
 
     # ------------------------------------------------------------------ routing
 

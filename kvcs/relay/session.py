@@ -46,7 +46,8 @@ class RelaySession(BoundSession):
 
     def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
                  upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
-        super().__init__(conn)
+        super().__init__(conn, None if upstream else relay.admission.pacer,
+                         relay.config.max_session_backlog)
         self.relay = relay
         self.id = session_id
         self.upstream = upstream
@@ -74,11 +75,12 @@ class RelaySession(BoundSession):
         """Fetches of this session's peer being served or waiting."""
         return len(self.fetches)
 
-    def abort_served(self, request_id: int, status: int, reason: str) -> None:
-        """End a served subscription (PUBLISH_DONE ``status``) or fetch (stream reset)
-        before its track is complete."""
+    def abort_served(self, request_id: int, status: int, reason: str,
+                     reset_code: int = StreamResetCode.INTERNAL_ERROR) -> None:
+        """End a served subscription (PUBLISH_DONE ``status``) or fetch (its stream reset
+        with ``reset_code``) before its track is complete."""
         self.server.end_subscription(request_id, status, reason)
-        self.server.fail_fetch(request_id, StreamResetCode.INTERNAL_ERROR)
+        self.server.fail_fetch(request_id, reset_code)
         self.schedule_flush()
 
     # ------------------------------------------------------------ BoundSession

@@ -143,6 +143,28 @@ class QuicSettings:
     congestion_control: str = "reno"
     """aioquic congestion controller: ``"reno"`` or ``"cubic"`` (qh3 has no choice)."""
 
+    max_connections: int = 1024
+    """Server: connections at once. The first packets of a new client past it are
+    dropped (its handshake then times out): with the per-session state bound
+    (:func:`kvcs.moqt.config.state_bound`) this bounds a server's memory."""
+
+    accept_rate: float = 100.0
+    """Server: new connections per second, in bursts of up to :attr:`accept_burst`. A
+    handshake costs the server ~1.5-2 ms (a client reconnecting in a loop made 230 per
+    second: half a relay's event loop); past the rate a new client's first packets are
+    dropped, and QUIC resends them ~0.3 s, then 0.7 s, ... later."""
+
+    accept_burst: int = 32
+    """Server: new connections accepted at once before :attr:`accept_rate` applies."""
+
+    handshake_timeout: float = 3.0
+    """Server: a connection that has sent nothing this many seconds after its client's
+    first datagram is forgotten: none of the client's packets could be decrypted (garbage,
+    or Initials corrupted on the way), so there was nothing to answer, and the client's
+    next good Initial opens a connection anew. Before, such a connection was kept for the
+    whole idle timeout (30 s measured). A client whose Initial decrypts is answered at once
+    and is not affected."""
+
     send_watermark: int = 512 * KiB
     """Send scheduler: stream bytes handed to QUIC but not yet sent are kept below this,
     the rest waits in per-stream queues so that stream priorities take effect. Large enough
@@ -166,7 +188,8 @@ class QuicSettings:
             )
         if self.keep_alive_s is not None and self.keep_alive_s < 0:
             raise ValueError("keep_alive_s must be positive, 0 (off) or None (automatic)")
-        for name in ("max_data", "max_stream_data", "max_streams_uni", "max_streams_bidi"):
+        for name in ("max_data", "max_stream_data", "max_streams_uni", "max_streams_bidi",
+                     "max_connections", "accept_rate", "accept_burst", "handshake_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.datagram_receive_buffer < 2048:

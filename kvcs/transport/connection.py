@@ -85,6 +85,14 @@ class CidRouter(Protocol):
         ...
 
 
+class _Unanswered:
+    """The termination of a connection forgotten by :meth:`MoqtConnection.forget_if_unanswered`
+    (in the shape of the QUIC libraries' ConnectionTerminated event)."""
+
+    error_code = 0
+    reason_phrase = "nothing from the client decrypted"
+
+
 class MoqtConnection:
     """One QUIC connection carrying one MOQT session (raw QUIC or WebTransport).
 
@@ -150,6 +158,7 @@ class MoqtConnection:
         self._closed_callbacks: list[Callable[[], None]] = []
         self._datagram_size = lib.datagram_size(quic)
         self._heard_at = self._loop.time()  # last datagram from the peer
+        self._answered = False  # a datagram was sent (a server: the client's decrypted)
         self._keep_alive: asyncio.TimerHandle | None = None
         self._keep_alive_every = 0.0
         self._wt: WebTransport | None = None
@@ -217,6 +226,13 @@ class MoqtConnection:
         """Stream bytes written but not yet sent: scheduler queues plus QUIC unsent."""
         return self._scheduler.buffered_bytes
 
+    @property
+    def queued_bytes(self) -> int:
+        """Stream bytes written and still waiting in the send scheduler: what grows when
+        the peer does not read (QUIC itself holds at most the send watermark plus what
+        the peer's flow control lets be in flight). Constant time."""
+        return self._scheduler.queued_bytes
+
     async def wait_ready(self) -> None:
         """Wait until the session exists (handshake, and CONNECT for WebTransport)."""
         await asyncio.shield(self._ready)
@@ -251,18 +267,19 @@ class MoqtConnection:
             self._flush_handle = self._loop.call_soon(self.flush)
 
     def open_stream(self, unidirectional: bool) -> int:
-        """StreamOpener: allocate a new local stream (no I/O)."""
+        """StreamOpener: allocate a new local stream (no I/O). Past the peer's stream
+        limit the stream exists for the session at once; what is written on it waits in
+        the send scheduler until the peer's MAX_STREAMS lets it out."""
         if self._wt is not None:
-            stream_id = self._wt.open_stream(unidirectional)
+            stream_id, preamble = self._wt.open_stream(unidirectional)
         else:
-            stream_id = self._quic.get_next_available_stream_id(unidirectional)
-            try:
-                # create it now so that the next call gets a new ID
-                self._quic.send_stream_data(stream_id, b"")
-            except self._errors:
-                # qh3: the connection closed before the session heard of it; the stream
-                # is dead and the session learns of the close from the next event
-                logger.debug("stream %d opened on a closed connection", stream_id)
+            stream_id, preamble = self._quic.get_next_available_stream_id(unidirectional), b""
+        try:
+            self._scheduler.open(stream_id, preamble)  # the next call gets a new ID
+        except self._errors:
+            # the connection closed before the session heard of it; the stream is dead
+            # and the session learns of the close from the next event
+            logger.debug("stream %d opened on a closed connection", stream_id)
         self._transmit_soon()
         return stream_id
 
@@ -330,6 +347,7 @@ class MoqtConnection:
                 break
             if datagrams:
                 udp.send(datagrams)
+                self._answered = True
             if not datagrams or not scheduler.has_queued:
                 break
             if scheduler.unsent_bytes() >= scheduler.watermark:
@@ -605,9 +623,8 @@ class MoqtConnection:
             elif isinstance(action, SetStreamPriority):
                 self._scheduler.set_priority(action.stream_id, action.priority)
             elif isinstance(action, ResetStream):
-                self._scheduler.drop(action.stream_id)
                 code = wt_to_http_error(action.code) if wt else action.code
-                quic.reset_stream(action.stream_id, code)
+                self._scheduler.reset(action.stream_id, code)
             elif isinstance(action, StopSending):
                 code = wt_to_http_error(action.code) if wt else action.code
                 quic.stop_stream(action.stream_id, code)
@@ -662,7 +679,22 @@ class MoqtConnection:
             except Exception:
                 logger.exception("session.connection_lost failed")
 
+    def forget_if_unanswered(self) -> None:
+        """:meta private: a server's connection that has sent nothing yet (no packet of
+        its client could be decrypted) ends now, without CONNECTION_CLOSE or draining:
+        nobody could read them (:attr:`QuicSettings.handshake_timeout
+        <kvcs.transport.QuicSettings.handshake_timeout>`)."""
+        if self._answered or self._terminated is not None:
+            return
+        logger.info("server connection forgotten: nothing from its client decrypted")
+        for handle in (self._timer, self._transmit_handle, self._flush_handle):
+            if handle is not None:
+                handle.cancel()
+        self._on_terminated(_Unanswered())
+
     def _on_terminated(self, event: Any) -> None:
+        if self._terminated is not None:
+            return  # forgotten before QUIC ended it
         self._terminated = event
         self._closed.set()
         if self._keep_alive is not None:

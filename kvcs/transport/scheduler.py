@@ -12,7 +12,8 @@ What QUIC holds is read through the library adapter's
 (aioquic), bytes held back by flow control or by the peer's stream limit do not count
 against the watermark and such streams are parked until they can send again, so a blocked
 stream never starves the others. Where it does not (qh3), the budget includes bytes held
-back by flow control and streams are never parked.
+back by flow control and streams are parked only while the peer's stream limit keeps
+them from existing (qh3 refuses to create them): their data waits here, none is lost.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class SendScheduler:
         self._priorities: dict[int, tuple[int, ...]] = {}
         self._heap: list[tuple[tuple[int, ...], int, int]] = []
         self._parked: set[int] = set()
+        self._resets: dict[int, int] = {}  # stream -> code, reset once it may exist
         self._seq = 0
         self.queued_bytes = 0
         """Bytes waiting in the scheduler (not yet handed to QUIC)."""
@@ -86,6 +88,25 @@ class SendScheduler:
             queue.priority = tuple(priority)
             if queue.in_heap:
                 heapq.heappush(self._heap, (queue.priority, queue.seq, stream_id))
+
+    def open(self, stream_id: int, preamble: bytes = b"") -> None:
+        """A new local stream (the library's next available ID): create it in QUIC and
+        queue ``preamble`` as its first bytes. Past the peer's stream limit, the stream
+        and what is written on it wait here for the peer's MAX_STREAMS."""
+        self._view.reserve(stream_id)
+        if preamble:
+            self.write(stream_id, preamble, False)
+
+    def reset(self, stream_id: int, code: int) -> None:
+        """Discard what is queued on ``stream_id`` and reset it: now, or, while it waits
+        for the peer's stream credit, once it may exist (the peer opens it implicitly
+        with any later stream and would otherwise keep it open)."""
+        if self._view.waiting(stream_id):
+            self._discard(stream_id)  # the view keeps watching its credit
+            self._resets[stream_id] = code
+        else:
+            self.drop(stream_id)
+            self._quic.reset_stream(stream_id, code)
 
     def write(self, stream_id: int, data: bytes | bytearray | memoryview, end: bool) -> None:
         """Queue ``data`` (kept by reference: do not mutate it) and optionally the FIN."""
@@ -110,10 +131,13 @@ class SendScheduler:
 
     def drop(self, stream_id: int) -> int:
         """Discard queued data of ``stream_id`` (reset / STOP_SENDING); return bytes dropped."""
+        self._view.forget(stream_id)
+        return self._discard(stream_id)
+
+    def _discard(self, stream_id: int) -> int:
         queue = self._queues.pop(stream_id, None)
         self._priorities.pop(stream_id, None)
         self._parked.discard(stream_id)
-        self._view.forget(stream_id)
         if queue is None:
             return 0
         self.queued_bytes -= queue.queued
@@ -165,8 +189,21 @@ class SendScheduler:
         queue.parked = True
         self._parked.add(stream_id)
 
+    def _reset_allowed(self) -> None:
+        for stream_id, code in list(self._resets.items()):
+            if self._view.waiting(stream_id):
+                continue
+            del self._resets[stream_id]
+            self._view.forget(stream_id)
+            try:
+                self._quic.reset_stream(stream_id, code)
+            except self._errors as exc:
+                logger.debug("stream %d: reset failed (%s)", stream_id, exc)
+
     def refill(self) -> int:
         """Hand queued data to QUIC by priority up to the watermark; return bytes moved."""
+        if self._resets:
+            self._reset_allowed()
         if self._parked:
             self._unpark()
         if not self._heap:

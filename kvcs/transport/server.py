@@ -22,6 +22,7 @@ from .connection import MoqtConnection
 from .interfaces import SessionFactory, SessionHook
 from .quic import adapter
 from .quic.base import NetworkAddress, QuicAdapter
+from .ratelimit import TokenBucket
 from .udp import UdpSocket, udp_socket
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,20 @@ class _Listener:
     after the socket was read."""
 
     def __init__(self, lib: QuicAdapter, configuration: object,
-                 new_connection: NewConnection) -> None:
+                 new_connection: NewConnection, settings: QuicSettings) -> None:
         self._lib = lib
         self._cid_length: int = configuration.connection_id_length  # type: ignore[attr-defined]
         self._versions: list[int] = list(configuration.supported_versions)  # type: ignore[attr-defined]
         self._new_connection = new_connection
         self._routes: dict[bytes, MoqtConnection] = {}
         self._pending: dict[MoqtConnection, None] = {}
+        self._accepting = TokenBucket(settings.accept_rate, settings.accept_burst)
+        self._max_connections = settings.max_connections
+        self.connections = 0
+        """Connections open now (made here and not ended)."""
+        self.refused = 0
+        """New clients' first datagrams dropped: past ``max_connections`` or the accept
+        rate (a client whose handshake then succeeds may count more than once)."""
         self.udp: UdpSocket | None = None
 
     # CidRouter
@@ -56,6 +64,7 @@ class _Listener:
         """Drop every route to a connection that ended."""
         for cid in [cid for cid, c in self._routes.items() if c is conn]:
             del self._routes[cid]
+        self.connections -= 1
 
     # DatagramReceiver
     def datagrams_received(self, datagrams: list[bytes], addr: NetworkAddress) -> None:
@@ -103,22 +112,39 @@ class _Listener:
         if conn is None:
             if not header.initial or len(data) < MIN_DATAGRAM_SIZE:
                 return None
+            if self.connections >= self._max_connections or not self._accepting.take():
+                # before any state or TLS work (a handshake costs ~1.5-2 ms)
+                if not self.refused % 100:
+                    logger.info("new connection from %s dropped (%d open, max %d; or past "
+                                "the accept rate); %d dropped so far", addr, self.connections,
+                                self._max_connections, self.refused + 1)
+                self.refused += 1
+                return None
             conn = self._new_connection(self, header.destination_cid, addr)
             self._routes[header.destination_cid] = conn
+            self.connections += 1
         return conn
 
 
 class Server:
     """A listening MOQT endpoint (raw QUIC + WebTransport on one UDP port)."""
 
-    def __init__(self, udp: UdpSocket, library: str) -> None:
+    def __init__(self, udp: UdpSocket, library: str, listener: _Listener) -> None:
         self._udp = udp
+        self._listener = listener
         self.connections: set[MoqtConnection] = set()
         sockname = udp.sockname
         self.host: str = sockname[0]
         self.port: int = sockname[1]
         self.library = library
         """The QUIC library of the server's connections."""
+
+    @property
+    def refused_connections(self) -> int:
+        """New clients' first datagrams dropped so far: past
+        :attr:`QuicSettings.max_connections <kvcs.transport.QuicSettings.max_connections>`
+        or :attr:`~kvcs.transport.QuicSettings.accept_rate`."""
+        return self._listener.refused
 
     def _register(self, conn: MoqtConnection) -> None:
         self.connections.add(conn)
@@ -188,6 +214,8 @@ async def serve(
                               on_session=on_session, udp=listener.udp, cid_router=listener)
         listener.add_cid(quic.host_cid, conn)
         conn.add_close_callback(lambda: listener.forget(conn))
+        asyncio.get_running_loop().call_later(settings.handshake_timeout,
+                                              conn.forget_if_unanswered)
         if servers:
             servers[0]._register(conn)
         return conn
@@ -195,14 +223,14 @@ async def serve(
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, address = infos[0]
     sock = udp_socket(family, address, settings, dual_stack=family == socket.AF_INET6)
-    listener = _Listener(lib, configuration, new_connection)
+    listener = _Listener(lib, configuration, new_connection, settings)
     try:
         listener.udp = UdpSocket(sock, listener, batching=settings.gso,
                                  receive_size=settings.datagram_receive_buffer)
     except BaseException:
         sock.close()
         raise
-    server = Server(listener.udp, lib.name)
+    server = Server(listener.udp, lib.name, listener)
     servers.append(server)
     logger.info("MOQT server listening on %s:%d (%s)", server.host, server.port, lib.name)
     return server

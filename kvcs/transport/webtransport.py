@@ -23,6 +23,11 @@ CAPSULE_CLOSE_WEBTRANSPORT_SESSION = 0x2843
 #: DRAIN_WEBTRANSPORT_SESSION capsule type.
 CAPSULE_DRAIN_WEBTRANSPORT_SESSION = 0x78AE
 
+#: Unidirectional stream type of a WebTransport stream (WEBTRANSPORT_STREAM, 0x54).
+WT_UNI_STREAM_TYPE = 0x54
+#: Signal value opening a WebTransport bidirectional stream (WEBTRANSPORT_STREAM, 0x41).
+WT_BIDI_SIGNAL = 0x41
+
 H3_NO_ERROR = 0x100
 MAX_CLOSE_REASON = 1024
 
@@ -218,16 +223,21 @@ class WebTransport:
             (b"sec-webtransport-http3-draft02", b"1"),
         ])
 
-    def open_stream(self, unidirectional: bool) -> int:
-        """A new WebTransport stream of the session."""
-        assert self.session_id is not None
+    def open_stream(self, unidirectional: bool) -> tuple[int, bytes]:
+        """A new WebTransport stream of the session: its QUIC stream ID and the preamble
+        to write first on it (stream type or signal value, then the session ID). The
+        binding creates the stream with that preamble, so that a stream past the peer's
+        stream limit waits for credit like any other (the H3 layer would lose it)."""
+        session_id = self.session_id
+        assert session_id is not None
+        stream_id = self._quic.get_next_available_stream_id(unidirectional)
         if unidirectional:
-            stream_id = self.h3.create_webtransport_stream(self.session_id,
-                                                           is_unidirectional=True)
+            preamble = encode_varint(WT_UNI_STREAM_TYPE) + encode_varint(session_id)
         else:
-            stream_id = self._lib.open_webtransport_bidi(self.h3, self.session_id)
+            self._lib.adopt_local_webtransport_bidi(self.h3, stream_id, session_id)
+            preamble = encode_varint(WT_BIDI_SIGNAL) + encode_varint(session_id)
         self._streams.add(stream_id)
-        return stream_id
+        return stream_id, preamble
 
     def send_datagram(self, data: bytes) -> None:
         """An HTTP datagram of the session."""

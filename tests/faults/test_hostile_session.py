@@ -45,8 +45,8 @@ KVCS_FILES = str(Path(kvcs.__file__).parent / "*")
 IN_FLIGHT = 32
 """Requests (streams) a flooding client keeps open at once. The relay's qh3 grants 100
 bidirectional streams, and its MAX_STREAMS lags behind the streams both ends have
-finished (by up to ~70 measured): past the credit, qh3 refuses to open a stream and the
-transport may drop it, so the flood is paced by the relay's answers instead."""
+finished (by up to ~70 measured): past the credit, streams wait for it in the client's
+send scheduler, so the flood is paced by the relay's answers instead."""
 
 
 def payload(g: int, o: int) -> bytes:
@@ -215,12 +215,6 @@ async def test_malformed_input_closes_only_the_offender(net: LocalNet, case: str
     assert not pub.is_closed and not consumer.is_closed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs relay fix: a malformed upstream track ends the downstream subscriptions with "
-    "PUBLISH_DONE INTERNAL_ERROR (0x0); digest 8.8 wants MALFORMED_TRACK (0x12). The "
-    "upstream session reports it as RequestFailed(code=0x12): kvcs/relay/links.py "
-    "Links.on_event maps every RequestFailed to _failed(INTERNAL_ERROR) and lost() to "
-    "PublishDoneCode.INTERNAL_ERROR"))
 async def test_malformed_track_from_a_publisher(net: LocalNet) -> None:
     """A publisher breaks its track (an object after End of Group): the relay cancels its
     upstream subscription with MALFORMED_TRACK (only that request: the publisher's session

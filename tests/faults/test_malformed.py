@@ -98,11 +98,6 @@ async def test_corrupted_datagrams_of_one_client(faultnet: FaultNet,
 
 
 @pytest.mark.faults
-@pytest.mark.xfail(strict=True, reason=(
-    "needs transport fix (owned by the transport robustness work): the server keeps the "
-    "QUIC connection of a handshake that never decrypted for the whole idle timeout (30 s "
-    "measured), so Initials of garbage hold relay state for 30 s each; a handshake "
-    "timeout of a few seconds would bound it (kvcs/transport/server.py)"))
 async def test_undecryptable_handshake_forgotten_soon(faultnet: FaultNet,
                                                      scenario: ScenarioRecord) -> None:
     relay = await faultnet.relay()
@@ -310,11 +305,6 @@ async def test_held_publication_discoverable_after_the_upstream_is_lost(
         assert await consumer(cons_ep).discover() is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs relay fix (owned by the relay robustness work): a malformed upstream track ends "
-    "the downstream subscription with PUBLISH_DONE INTERNAL_ERROR (0x0), digest 8.8 wants "
-    "MALFORMED_TRACK (0x12): kvcs/relay/links.py Links.on_event maps the upstream "
-    "RequestFailed to INTERNAL_ERROR; same path as test_malformed_track_from_a_publisher"))
 async def test_malformed_track_from_the_upstream_relay(cert: DevCertificate,
                                                       scenario: ScenarioRecord) -> None:
     """The upstream answers a SUBSCRIBE with an object after End of Group: the edge keeps

@@ -74,6 +74,17 @@ class _AioquicSendView:
                 total += max(0, sender._buffer_stop - sender.highest_offset)
         return total
 
+    def reserve(self, stream_id: int) -> None:
+        # aioquic creates a stream past the peer's limit "blocked" and sends it once the
+        # peer's MAX_STREAMS allows (credit() is 0 meanwhile)
+        self._quic.send_stream_data(stream_id, b"")
+
+    def waiting(self, stream_id: int) -> bool:
+        # aioquic would send a RESET_STREAM for a blocked stream at once, past the peer's
+        # limit: a STREAM_LIMIT_ERROR that closes the connection
+        stream = self._quic._streams.get(stream_id)
+        return stream is not None and stream.is_blocked
+
     def credit(self, stream_id: int) -> int:
         streams = self._quic._streams
         stream = streams.get(stream_id)
@@ -128,6 +139,7 @@ class AioquicAdapter:
         missing = [name for owner, name in (
             (QuicConnection, "get_peer_address"), (H3Connection, "_get_or_create_stream"),
             (QuicConnection(configuration=QuicConfiguration()), "_remote_max_idle_timeout"),
+            (QuicConnection(configuration=QuicConfiguration()), "_local_max_streams_bidi"),
             (stream, "is_blocked"), (stream, "max_stream_data_remote"),
             (stream.sender, "highest_offset"), (stream.sender, "_buffer_stop"),
             (stream.sender, "_reset_error_code"),
@@ -153,9 +165,12 @@ class AioquicAdapter:
 
     def _tuned(self, quic: QuicConnection, settings: QuicSettings) -> QuicConnectionAPI:
         # peers may open many streams (aioquic hard-codes 128 concurrently); set before
-        # the handshake, which announces them
-        quic._local_max_streams_uni.value = settings.max_streams_uni
-        quic._local_max_streams_bidi.value = settings.max_streams_bidi
+        # the handshake, which announces them. What was announced is also what was
+        # "sent": aioquic sends MAX_STREAMS only when the limit differs from it, so a
+        # limit below 128 left at sent=128 was never raised again.
+        for limit, value in ((quic._local_max_streams_uni, settings.max_streams_uni),
+                             (quic._local_max_streams_bidi, settings.max_streams_bidi)):
+            limit.value = limit.sent = value
         return cast(QuicConnectionAPI, quic)
 
     def client_connection(self, configuration: QuicConfiguration,
@@ -219,16 +234,14 @@ class AioquicAdapter:
     def h3_datagram_session(self, event: Any) -> int:
         return int(event.stream_id)
 
-    def open_webtransport_bidi(self, h3: H3ConnectionAPI, session_id: int) -> int:
-        h3c = cast(H3Connection, h3)
-        stream_id = h3c.create_webtransport_stream(session_id, is_unidirectional=False)
+    def adopt_local_webtransport_bidi(self, h3: H3ConnectionAPI, stream_id: int,
+                                      session_id: int) -> None:
         # aioquic 1.7.2 would parse the peer's half of a locally opened WebTransport bidi
         # stream as HTTP/3 frames: mark it as a WebTransport stream up front.
-        with h3c._get_or_create_stream(stream_id) as stream:
+        with cast(H3Connection, h3)._get_or_create_stream(stream_id) as stream:
             stream.frame_type = FrameType.WEBTRANSPORT_STREAM
             stream.session_id = session_id
             stream.sending_ended = True  # we never send HTTP/3 frames on it
-        return int(stream_id)
 
     def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
         stream = cast(H3Connection, h3)._stream.get(stream_id)

@@ -84,6 +84,17 @@ class StreamSendView(Protocol):
         """Every stream byte in QUIC not yet sent (back-pressure measure)."""
         ...
 
+    def reserve(self, stream_id: int) -> None:
+        """Create the new local stream ``stream_id`` (the library's next available ID), so
+        that the next ID differs. Past the peer's stream limit the stream waits for the
+        peer's MAX_STREAMS: :meth:`credit` is 0 until then. Never loses the stream."""
+        ...
+
+    def waiting(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` still waits for the peer's stream credit and so cannot
+        be reset yet (the library cannot create it)."""
+        ...
+
     def credit(self, stream_id: int) -> int | None:
         """Bytes ``stream_id`` may take before flow control (or the peer's stream limit)
         holds them back; ``None`` when the library does not show it (never park). Raises
@@ -193,9 +204,11 @@ class QuicAdapter(Protocol):
         """The CONNECT stream an HTTP ``DatagramReceived`` event belongs to."""
         ...
 
-    def open_webtransport_bidi(self, h3: H3ConnectionAPI, session_id: int) -> int:
-        """Open a WebTransport bidirectional stream whose peer half carries WebTransport
-        data, never HTTP/3 frames."""
+    def adopt_local_webtransport_bidi(self, h3: H3ConnectionAPI, stream_id: int,
+                                      session_id: int) -> None:
+        """Tell the H3 layer that our new bidirectional stream ``stream_id`` is a
+        WebTransport stream of ``session_id``: its peer half carries WebTransport data,
+        never HTTP/3 frames (the binding writes the stream's preamble itself)."""
         ...
 
     def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:

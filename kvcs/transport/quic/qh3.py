@@ -146,12 +146,38 @@ def apply_patches() -> bool:
 
 
 class _Qh3SendView:
-    """qh3 shows only the bytes queued for a first transmission, flow control included."""
+    """qh3 shows only the bytes queued for a first transmission, flow control included,
+    and refuses to create a stream past the peer's stream limit (ValueError): such a
+    stream waits here (credit 0) until the peer's MAX_STREAMS covers it."""
 
-    __slots__ = ("_quic",)
+    __slots__ = ("_quic", "_waiting")
 
     def __init__(self, quic: QuicConnection) -> None:
         self._quic = quic
+        self._waiting: set[int] = set()  # local streams past the peer's stream limit
+
+    def _allowed(self, stream_id: int) -> bool:
+        quic = self._quic
+        limit = (quic.max_concurrent_uni_streams if stream_id & 2
+                 else quic.max_concurrent_bidi_streams)  # cumulative: MAX_STREAMS
+        return stream_id >> 2 < limit
+
+    def reserve(self, stream_id: int) -> None:
+        try:
+            # qh3 records the ID (the next one differs) before its core checks the limit
+            self._quic.send_stream_data(stream_id, b"")
+        except ValueError:
+            if self._allowed(stream_id):
+                raise
+            self._waiting.add(stream_id)
+
+    def waiting(self, stream_id: int) -> bool:
+        if stream_id not in self._waiting:
+            return False
+        if not self._allowed(stream_id):
+            return True
+        self._waiting.discard(stream_id)  # qh3 creates it with its first data
+        return False
 
     def unsent(self) -> int:
         return int(self._quic.get_send_buffer_size())
@@ -160,13 +186,13 @@ class _Qh3SendView:
         return int(self._quic.get_send_buffer_size())
 
     def credit(self, stream_id: int) -> int | None:
-        return None
+        return 0 if self._waiting and self.waiting(stream_id) else None
 
     def sent(self, stream_id: int) -> None:
         pass
 
     def forget(self, stream_id: int) -> None:
-        pass
+        self._waiting.discard(stream_id)
 
 
 class Qh3Adapter:
@@ -286,15 +312,13 @@ class Qh3Adapter:
     def h3_datagram_session(self, event: Any) -> int:
         return int(event.flow_id) * 4  # the raw Quarter Stream ID
 
-    def open_webtransport_bidi(self, h3: H3ConnectionAPI, session_id: int) -> int:
-        h3c = cast(H3Connection, h3)
-        stream_id = h3c.create_webtransport_stream(session_id, is_unidirectional=False)
+    def adopt_local_webtransport_bidi(self, h3: H3ConnectionAPI, stream_id: int,
+                                      session_id: int) -> None:
         # as with aioquic (see its adapter): the peer's half carries WebTransport data
-        stream = h3c._get_or_create_stream(stream_id)
+        stream = cast(H3Connection, h3)._get_or_create_stream(stream_id)
         stream.frame_type = FrameType.WEBTRANSPORT_STREAM
         stream.session_id = session_id
         stream.sending_ended = True  # we never send HTTP/3 frames on it
-        return int(stream_id)
 
     def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
         stream = cast(H3Connection, h3)._stream.get(stream_id)
