@@ -393,10 +393,19 @@ class BoundSession:
             _resolve(self._established, e.options)
         elif isinstance(e, ev.SessionClosed):
             self._ended((e.code, e.reason))
+        elif isinstance(e, ev.StreamsOutstanding):
+            asyncio.get_running_loop().call_later(
+                self.session.config.publish_done_wait_s, self._stop_waiting, e.request_id)
         elif isinstance(e, ev.GoAwayReceived):
             log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
         else:
             self.handle_event(e)
+
+    def _stop_waiting(self, request_id: int) -> None:
+        """The digest 4.11 timer of a PUBLISH_DONE whose streams are missing expired."""
+        if not self.is_closed:
+            self.session.stop_waiting_for_streams(request_id)
+            self._dispatch()
 
     def _paced(self, e: ev.RequestReceived) -> None:
         """Request ``e``'s turn has come (:attr:`pacer`)."""

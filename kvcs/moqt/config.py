@@ -149,6 +149,11 @@ class SessionConfig:
     binding's scheduler interleave streams by priority instead of draining one long
     stream first; only set it when the binding reports writability."""
     webtransport: bool = False
+    publish_done_wait_s: float = 2.0
+    """How long a subscriber waits, after PUBLISH_DONE, for the streams it counts that it
+    has not seen (digest 4.11: a timer >= the delivery timeouts; kvcs sets none). A
+    relay that evicts a live track resets streams before their header went out: their
+    subscriber could never attribute them and would wait forever."""
 
 
 def state_bound(config: SessionConfig, bidi_streams: int = 256, uni_streams: int = 1024) -> int:

@@ -371,6 +371,10 @@ class ControlPlane:
             case wire.PublishDone():
                 req.publish_done = msg
                 self._subscription_may_end(req)
+                if (req.publish_done is not None
+                        and msg.stream_count != UNKNOWN_STREAM_COUNT):
+                    self._out.event(ev.StreamsOutstanding(
+                        rid, msg.stream_count - req.streams_ended))
             case wire.PublishStateNotify():
                 self._out.event(ev.PublishStateNotified(rid, msg))
             case wire.NamespaceMsg():
@@ -475,13 +479,18 @@ class ControlPlane:
         if req.responded:
             self._forget(req)
 
-    def _subscription_may_end(self, req: Request) -> None:
+    def _subscription_may_end(self, req: Request, waited: bool = False) -> None:
         """After PUBLISH_DONE, the subscription ends once the streams it counts have ended
-        (or, count unknown, once none is open)."""
+        (or, count unknown, once none is open), or once ``waited`` for them long enough
+        (:meth:`stop_waiting_for_streams`)."""
         done = req.publish_done
         if done is None:
             return
-        if done.stream_count != UNKNOWN_STREAM_COUNT:
+        if waited:
+            log.info("subscription %d: %d of the %d streams PUBLISH_DONE counts never "
+                     "came: ended", req.request_id, done.stream_count - req.streams_ended,
+                     done.stream_count)
+        elif done.stream_count != UNKNOWN_STREAM_COUNT:
             if req.streams_ended < done.stream_count:
                 return
         elif self._data.receiving_for(req):
@@ -490,6 +499,14 @@ class ControlPlane:
         req.publish_done = None
         self._out.event(ev.SubscriptionEnded(req.request_id, done))
         self._forget_if_closed(req)
+
+    def stop_waiting_for_streams(self, request_id: int) -> None:
+        """End our subscription ``request_id`` whose PUBLISH_DONE arrived, even if streams
+        it counts are still missing (the digest 4.11 timer expired). Does nothing if it
+        has ended already."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._subscription_may_end(req, waited=True)
 
     def _on_peer_fin(self, req: Request) -> None:
         """The peer finished its half of the request stream."""

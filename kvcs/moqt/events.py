@@ -149,6 +149,17 @@ class SubscriptionEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamsOutstanding:
+    """PUBLISH_DONE arrived but ``missing`` of the streams it counts have not been seen:
+    the subscription ends when they have, or when the binding calls
+    :meth:`Session.stop_waiting_for_streams` after ``SessionConfig.publish_done_wait_s``
+    (digest 4.11: a stream reset before its header can never be attributed)."""
+
+    request_id: int
+    missing: int
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFailed:
     """Our request's stream ended or was reset without the response the draft requires."""
 
@@ -224,6 +235,7 @@ Event = (
     | NamespaceWithdrawn
     | PublishSkippedReceived
     | SubscriptionEnded
+    | StreamsOutstanding
     | RequestFailed
     | ObjectReceived
     | RangeMarkerReceived

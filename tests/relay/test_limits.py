@@ -65,12 +65,6 @@ async def test_eviction_by_bytes_lru(env: Env) -> None:
     assert relay.metrics.get("kvcs_relay_cache_bytes") == relay.cache.bytes
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs a session fix (kvcs/moqt/control.py, _subscription_may_end): the relay ends "
-    "the subscription with PUBLISH_DONE EXPIRED counting the streams it reset before their "
-    "header left (2 of 9 here), which the subscriber cannot attribute; it waits for them "
-    "forever. Digest 4.11: keep state until Stream Count streams are seen *or a timer* "
-    "(>= the delivery timeouts) expires"))
 async def test_a_live_track_larger_than_the_cache_ends_its_subscribers(env: Env) -> None:
     """A live track that outgrows the cache budget is evicted while it feeds a subscriber:
     the subscriber gets PUBLISH_DONE EXPIRED and its iteration ends (found by the stalled

@@ -320,3 +320,26 @@ def test_held_stream_stopped_over_the_limit_still_counts_for_publish_done() -> N
     assert "SubscriptionEnded" in kinds(list(p.client.events()))
     p.pump()
     assert not p.client.has_request(rid) and p.client.usage.data_bytes == 0
+
+
+def test_publish_done_counting_streams_never_seen_ends_when_the_binding_stops_waiting() -> None:
+    """PUBLISH_DONE counts 2 streams but none arrives (reset before their header): the
+    session says how many are missing, keeps waiting, and ends the subscription when the
+    binding's digest 4.11 timer calls stop_waiting_for_streams."""
+    p = established()
+    rid = p.client.subscribe(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    p.server.subscribe_ok(rid, track_alias=9)
+    p.pump()
+    p.events(p.client)
+    sid = p.client.subscription_info(rid).stream_id
+    p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 2, "")), True)
+    evs = list(p.client.events())
+    assert of_type(evs, ev.StreamsOutstanding) == [ev.StreamsOutstanding(rid, 2)]
+    assert "SubscriptionEnded" not in kinds(evs)
+    p.client.stop_waiting_for_streams(rid)
+    (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
+    assert done.request_id == rid and done.message.stream_count == 2
+    p.client.stop_waiting_for_streams(rid)  # again, or for a request long gone: nothing
+    assert list(p.client.events()) == []
