@@ -1,8 +1,8 @@
 """Bounded exponential backoff with jitter: how long to wait before asking again.
 
-Used wherever kvcs retries by itself: a publisher reconnecting to its relay
-(:class:`~kvcs.kvnet.reconnect.ReconnectingTarget`), a consumer resuming an interrupted
-retrieval, a manifest subscription refused for now
+Used wherever kvcs retries by itself: a relay reconnecting to its upstream, a publisher
+reconnecting to its relay (:class:`~kvcs.kvnet.reconnect.ReconnectingTarget`), a consumer
+resuming an interrupted retrieval, a manifest subscription refused for now
 (:class:`~kvcs.kvnet.manifest_track.ManifestTrack`). Jitter spreads the retries of many
 clients that lost the same relay at the same moment, so that they do not all come back in
 the same instant.

@@ -7,7 +7,7 @@ The pure KV object model they use (ids, codecs, payloads, manifests, containers)
 :mod:`kvcs.kv`, which never imports asyncio or sockets.
 """
 
-from .backoff import Backoff
+from ..backoff import Backoff
 from .consumer import KvConsumer, KvLayer, RecomputeRequired
 from .publisher import KvPublisher, PublicationError, PublisherOptions
 from .reconnect import ReconnectingTarget

@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..backoff import Backoff
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import (
     AssemblyStats,
@@ -108,7 +109,6 @@ from ..moqt.wire import (
     Properties,
     RangeFilter,
 )
-from .backoff import Backoff
 from .manifest_track import TRANSIENT, ManifestTrack
 from .offload import sha256_digests
 from .relay_profile import RELAY_PROFILES, RelayProfile, TrackRetrieval

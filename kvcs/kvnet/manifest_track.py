@@ -25,13 +25,13 @@ import asyncio
 import contextlib
 import logging
 
+from ..backoff import Backoff
 from ..endpoint import Endpoint, MoqtRequestError, Subscription
 from ..kv.errors import SignatureError
 from ..kv.secure import SecureObjects, effective_priority, open_object
 from ..kv.tracks import TrackName
 from ..moqt.errors import RequestErrorCode
 from ..moqt.wire import LocationFilter, ObjectStatus, Parameters, TrackNamespace
-from .backoff import Backoff
 
 __all__ = ["ManifestTrack"]
 

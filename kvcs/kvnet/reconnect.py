@@ -30,6 +30,7 @@ import contextlib
 import logging
 import random
 
+from ..backoff import Backoff
 from ..endpoint import Endpoint, HandOverError, MoqtRequestError, open_session
 from ..moqt.origin import Origin
 from ..moqt.track import Track
@@ -42,7 +43,6 @@ from ..moqt.wire import (
     namespace_has_prefix,
 )
 from ..transport import QuicSettings
-from .backoff import Backoff
 
 __all__ = ["ReconnectingTarget"]
 

@@ -12,8 +12,8 @@ from random import Random
 
 import pytest
 
+from kvcs.backoff import Backoff
 from kvcs.endpoint import Endpoint
-from kvcs.kvnet.backoff import Backoff
 from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.moqt.wire import LocationFilter, ObjectStatus
 from kvcs.relay import Relay, RelayConfig
