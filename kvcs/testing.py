@@ -62,9 +62,9 @@ class LocalNet:
         """Start a relay (anonymous unless ``authorizer``/``auth`` is given); ``upstream``
         (a local relay or a URL) chains it below another relay; ``config`` are
         :class:`~kvcs.relay.RelayConfig` fields."""
-        cfg = RelayConfig(listen="127.0.0.1:0", tls_cert=str(self.cert.certfile),
-                          tls_key=str(self.cert.keyfile), quic_preset="loopback",
-                          **{"goaway_grace": 0.1, **config})
+        cfg = RelayConfig(tls_cert=str(self.cert.certfile), tls_key=str(self.cert.keyfile),
+                          quic_preset="loopback",
+                          **{"listen": "127.0.0.1:0", "goaway_grace": 0.1, **config})
         if upstream is not None:
             cfg.upstream = (upstream if isinstance(upstream, str)
                             else f"moqt://127.0.0.1:{upstream.port}/")

@@ -167,6 +167,10 @@ class Origin(Generic[S]):
         """The prefixes ``session``'s peer watches, by Request ID (a copy)."""
         return dict(self._watches.get(session, {}))
 
+    def watched_prefixes(self) -> list[TrackNamespace]:
+        """Every prefix some watch is on, once each."""
+        return list(dict.fromkeys(p for mine in self._watches.values() for p in mine.values()))
+
     def is_watched(self, prefix: TrackNamespace) -> bool:
         """True if some watch is on exactly ``prefix``."""
         prefix = tuple(prefix)

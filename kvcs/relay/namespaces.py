@@ -8,11 +8,12 @@ sources. A prefix watched downstream is watched upstream by ONE SUBSCRIBE_NAMESP
 cancelled when its last watcher goes.
 
 A completed publication outlives its publisher: when the last publisher of a namespace
-goes (its PUBLISH_NAMESPACE cancelled, its session closed, or the upstream relay's
-NAMESPACE_DONE), the relay keeps the namespace published in its own name if it holds at
-least one track under it and every such track is complete. It withdraws it (NAMESPACE_DONE
-to the watchers) once age has emptied every one of those tracks, or as soon as one is
-evicted for space (the publication would no longer be whole). See docs/relay.md.
+goes (its PUBLISH_NAMESPACE cancelled, its session closed, the upstream relay's
+NAMESPACE_DONE, or the upstream session itself), the relay keeps the namespace published
+in its own name if it holds at least one track under it and every such track is
+complete. It withdraws it (NAMESPACE_DONE to the watchers) once age has emptied every one
+of those tracks, or as soon as one is evicted for space (the publication would no longer
+be whole). See docs/relay.md.
 """
 
 from __future__ import annotations
@@ -118,8 +119,16 @@ class Namespaces:
         """``session``'s peer watches ``prefix`` (SUBSCRIBE_NAMESPACE accepted): it gets the
         known namespaces now, and the upstream relay is asked about the prefix."""
         send_namespace_notices(self.origin.watch(session, request_id, prefix))
+        self._watch_upstream(tuple(prefix))
+
+    def upstream_connected(self, session: RelaySession) -> None:
+        """A (new) session to the upstream relay: ask it about every prefix watched here."""
+        self.upstream = session
+        for prefix in self.origin.watched_prefixes():
+            self._watch_upstream(prefix)
+
+    def _watch_upstream(self, prefix: TrackNamespace) -> None:
         up = self.upstream
-        prefix = tuple(prefix)
         if up is None or up.is_closed or prefix in self._upstream_watches:
             return
         self._upstream_watches[prefix] = up.session.subscribe_namespace(
@@ -139,7 +148,10 @@ class Namespaces:
         if up_rid is not None:
             up.session.cancel(up_rid)
             up.schedule_flush()
-            send_namespace_notices(self.origin.withdraw_all(up, up_rid))
+            # as for a NAMESPACE_DONE: a completed publication the relay holds stays
+            for rid, ns in self.origin.publications(up):
+                if rid == up_rid:
+                    send_namespace_notices(self._end(up, rid, ns))
         return True
 
     # ------------------------------------------------------------------ events
@@ -154,6 +166,19 @@ class Namespaces:
         if session is self.upstream:
             self.upstream = None
             self._upstream_watches.clear()
+            self._keep_held_publications()
+
+    def _keep_held_publications(self) -> None:
+        """The upstream relay is gone: publish in the relay's own name every namespace
+        whose tracks it holds complete and nobody publishes (the upstream's NAMESPACEs
+        end with the last downstream watcher, often before its tracks were pulled)."""
+        for ns in dict.fromkeys(t.namespace for t in self.cache.tracks.values()):
+            if (ns not in self.retained and not self.origin.publishers(ns)
+                    and self._holds_complete(ns)):
+                self.retained.add(ns)
+                log.info("keeping %s: the upstream is gone, the relay holds it complete",
+                         render_namespace(ns))
+                send_namespace_notices(self.origin.publish(ns))
 
     def on_upstream_event(self, request_id: int, e: ev.Event) -> bool:
         """Take an event of an upstream SUBSCRIBE_NAMESPACE; False if it is not one."""

@@ -25,6 +25,7 @@ import logging
 
 from ..admission import Admission, Limits
 from ..auth import Authorizer
+from ..backoff import Backoff
 from ..endpoint import WRITE_WINDOW, open_session, serve_sessions
 from ..errors import ConfigError
 from ..moqt import events as ev
@@ -51,6 +52,9 @@ from .session import RELAYED_REQUESTS, RelaySession, request_kind
 log = logging.getLogger(__name__)
 
 IMPLEMENTATION = "kvcs-relay/0.1"
+UPSTREAM_BACKOFF = Backoff(initial=0.1, maximum=5.0)
+"""Waits between attempts to reach a lost upstream relay (jittered: the edges of a site
+that lost the same upstream do not all come back at once)."""
 
 
 class Relay:
@@ -90,6 +94,8 @@ class Relay:
         self.links = Links(self)
         self._next_session = 0
         self._sweeper: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        """Opens a new upstream session after the last one was lost."""
         self._closed_out = [0, 0]  # objects/bytes sent by sessions already gone
         self.going_away = False
         m = self.metrics
@@ -198,13 +204,30 @@ class Relay:
             if cfg.upstream_token.startswith("hex:"):
                 tok = bytes.fromhex(cfg.upstream_token[4:])
             tokens = (AuthToken(3, token_type=0, value=tok),)
-        self.namespaces.upstream = await open_session(
+        self.namespaces.upstream_connected(await open_session(
             cfg.upstream, lambda conn: self.new_session(conn, upstream=True,
                                                          request_tokens=tokens),
             settings=self.settings, cafile=cfg.upstream_cafile,
             verify=not cfg.upstream_insecure, auth_tokens=tokens,
-            implementation=IMPLEMENTATION)
+            implementation=IMPLEMENTATION))
         log.info("connected upstream %s", cfg.upstream)
+
+    async def _reconnect_upstream(self) -> None:
+        """The upstream session was lost: open a new one (jittered backoff, attempts at
+        INFO) and watch every prefix watched here again; requests meanwhile are answered
+        from the cache (or DOES_NOT_EXIST), and consumers resume by themselves."""
+        for attempt, delay in enumerate(UPSTREAM_BACKOFF.delays(), 1):
+            await asyncio.sleep(delay)
+            if self.going_away:
+                return
+            try:
+                await self._connect_upstream()
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                log.info("upstream %s: attempt %d failed: %s", self.config.upstream, attempt,
+                         exc or "timeout")
+                continue
+            self.metrics.inc("kvcs_relay_upstream_reconnects_total")
+            return
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: GOAWAY downstream, grace, unsubscribe upstream, close."""
@@ -221,6 +244,10 @@ class Relay:
                 w.cancel()
         for link in self.links.all():
             self.links.cancel(link)
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnecting
         up = self.upstream
         if up is not None and not up.is_closed:
             up.close()
@@ -313,6 +340,12 @@ class Relay:
         if was_upstream:
             (log.info if self.going_away else log.error)(
                 "upstream session lost (%#x %s)", code, reason)
+            if not self.going_away and self._reconnecting is None:
+                self._reconnecting = asyncio.create_task(self._reconnect_upstream())
+                self._reconnecting.add_done_callback(self._reconnected)
+
+    def _reconnected(self, _task: asyncio.Task[None]) -> None:
+        self._reconnecting = None
 
     # ------------------------------------------------------------------ requests
 

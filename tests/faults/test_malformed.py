@@ -283,12 +283,6 @@ async def test_malicious_upstream_relay(cert: DevCertificate, scenario: Scenario
         assert len(edge.sessions) == 3 and not cons_ep.is_closed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs relay fix (kvcs/relay/namespaces.py, owned by the relay work): a namespace the "
-    "upstream announced is withdrawn without the retention check when the last downstream "
-    "SUBSCRIBE_NAMESPACE of its prefix ends (Namespaces.unwatch -> Origin.withdraw_all), "
-    "so once the upstream is gone a completed publication the edge still holds (and serves "
-    "to FETCH/SUBSCRIBE) is no longer discoverable"))
 async def test_held_publication_discoverable_after_the_upstream_is_lost(
         cert: DevCertificate, scenario: ScenarioRecord) -> None:
     async with _hostile_upstream(cert) as (net, up):
