@@ -575,10 +575,13 @@ class Endpoint(BoundSession):
         self._requests.pop(request_id, None)
         self.flush()
 
-    async def _answer(self, request_id: int, answer: Awaitable[T]) -> T:
-        """Wait for the answer to our request ``request_id``. A caller that stops waiting
-        (its task cancelled, e.g. by a timeout) never gets the request's handle, so the
-        request is cancelled on both ends instead of staying registered."""
+    async def _answer(self, request_id: int, handle: object, answer: Awaitable[T]) -> T:
+        """Register ``handle`` (what the request's events go to), send the request and
+        wait for its answer. A caller that stops waiting (its task cancelled, e.g. by a
+        timeout) never gets the handle, so the request is cancelled on both ends instead
+        of staying registered."""
+        self._requests[request_id] = handle
+        self.schedule_flush()
         try:
             return await answer
         except asyncio.CancelledError:
@@ -611,9 +614,7 @@ class Endpoint(BoundSession):
         p = params or Parameters(auth_tokens=self.auth_tokens)
         rid = self.session.publish_namespace(namespace, p)
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
-        self._requests[rid] = fut
-        self.schedule_flush()
-        await self._answer(rid, fut)
+        await self._answer(rid, fut, fut)
         ns = tuple(namespace)
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
@@ -709,9 +710,7 @@ class Endpoint(BoundSession):
                          forward=forward, range_filters=range_filters)
         rid = self.session.subscribe(namespace, name, p)
         sub = Subscription(self, rid)
-        self._requests[rid] = sub
-        self.schedule_flush()
-        sub.ok = await self._answer(rid, sub._accepted)
+        sub.ok = await self._answer(rid, sub, sub._accepted)
         return sub
 
     async def fetch(
@@ -731,26 +730,20 @@ class Endpoint(BoundSession):
                          range_filters=range_filters)
         rid = self.session.fetch(namespace, name, p)
         res = FetchResult(self, rid)
-        self._requests[rid] = res
-        self.schedule_flush()
-        res.ok = await self._answer(rid, res._accepted)
+        res.ok = await self._answer(rid, res, res._accepted)
         return res
 
     async def track_status(self, namespace: TrackNamespace, name: bytes) -> RequestOk:
         """TRACK_STATUS; returns the REQUEST_OK (LARGEST_OBJECT, Track Properties)."""
         rid = self.session.track_status(namespace, name, self._params(None))
         fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
-        self._requests[rid] = fut
-        self.schedule_flush()
-        return await self._answer(rid, fut)
+        return await self._answer(rid, fut, fut)
 
     async def subscribe_namespace(self, prefix: TrackNamespace) -> NamespaceWatch:
         """SUBSCRIBE_NAMESPACE; iterate the watch for (announced, namespace) changes."""
         rid = self.session.subscribe_namespace(prefix, self._params(None))
         watch = NamespaceWatch(self, rid)
-        self._requests[rid] = watch
-        self.schedule_flush()
-        await self._answer(rid, watch._accepted)
+        await self._answer(rid, watch, watch._accepted)
         return watch
 
     # ----------------------------------------------------------------- serving

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import aioquic
 from aioquic.buffer import Buffer
 from aioquic.h3 import events as h3events
-from aioquic.h3.connection import FrameType, H3Connection
+from aioquic.h3.connection import H3Connection
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection, QuicConnectionError
@@ -25,6 +25,7 @@ from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation,
 from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from . import shared
 from .base import (
     H3ConnectionAPI,
     NetworkAddress,
@@ -153,15 +154,10 @@ class AioquicAdapter:
                       alpn_protocols: Sequence[str],
                       max_datagram_size: int) -> QuicConfiguration:
         return QuicConfiguration(
-            is_client=is_client,
-            alpn_protocols=list(alpn_protocols),
-            max_datagram_size=max_datagram_size,
-            max_data=settings.max_data,
-            max_stream_data=settings.max_stream_data,
-            idle_timeout=settings.idle_timeout,
-            max_datagram_frame_size=settings.max_datagram_frame_size,
-            congestion_control_algorithm=settings.congestion_control,
-        )
+            **shared.configuration_options(settings, is_client=is_client,
+                                           alpn_protocols=alpn_protocols,
+                                           max_datagram_size=max_datagram_size),
+            congestion_control_algorithm=settings.congestion_control)
 
     def _tuned(self, quic: QuicConnection, settings: QuicSettings) -> QuicConnectionAPI:
         # peers may open many streams (aioquic hard-codes 128 concurrently); set before
@@ -188,13 +184,7 @@ class AioquicAdapter:
             header = pull_quic_header(Buffer(data=data), host_cid_length=cid_length)
         except ValueError:
             return None
-        return PacketHeader(
-            version=header.version,
-            initial=header.packet_type == QuicPacketType.INITIAL,
-            version_negotiation=header.packet_type == QuicPacketType.VERSION_NEGOTIATION,
-            destination_cid=header.destination_cid,
-            source_cid=header.source_cid,
-        )
+        return shared.packet_header(header, QuicPacketType)
 
     def version_negotiation(self, header: PacketHeader, versions: Sequence[int]) -> bytes:
         return encode_quic_version_negotiation(
@@ -236,17 +226,11 @@ class AioquicAdapter:
 
     def adopt_local_webtransport_bidi(self, h3: H3ConnectionAPI, stream_id: int,
                                       session_id: int) -> None:
-        # aioquic 1.7.2 would parse the peer's half of a locally opened WebTransport bidi
-        # stream as HTTP/3 frames: mark it as a WebTransport stream up front.
         with cast(H3Connection, h3)._get_or_create_stream(stream_id) as stream:
-            stream.frame_type = FrameType.WEBTRANSPORT_STREAM
-            stream.session_id = session_id
-            stream.sending_ended = True  # we never send HTTP/3 frames on it
+            shared.mark_local_webtransport_bidi(stream, session_id)
 
     def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
-        stream = cast(H3Connection, h3)._stream.get(stream_id)
-        if stream is not None:
-            stream.sending_ended = True  # lets aioquic forget it when done
+        shared.forget_when_done(cast(H3Connection, h3)._stream, stream_id)
 
     def send_view(self, quic: QuicConnectionAPI) -> StreamSendView:
         return _AioquicSendView(cast(QuicConnection, quic))

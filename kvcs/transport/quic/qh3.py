@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import qh3
 from qh3.h3 import events as h3events
-from qh3.h3.connection import FrameType, H3Connection
+from qh3.h3.connection import H3Connection
 from qh3.quic import connection as qh3_connection
 from qh3.quic import events
 from qh3.quic import tls_bridge as qh3_tls_bridge
@@ -32,6 +32,7 @@ from qh3.quic.packet import (
     pull_quic_header,
 )
 
+from . import shared
 from .base import (
     H3ConnectionAPI,
     NetworkAddress,
@@ -219,15 +220,10 @@ class Qh3Adapter:
         # sizes (the loopback preset), and what lifts a handshake fallback (see
         # datagram_size_fell_back) from 1200 bytes to 1452.
         return QuicConfiguration(
-            is_client=is_client,
-            alpn_protocols=list(alpn_protocols),
-            max_datagram_size=max_datagram_size,
-            max_data=settings.max_data,
-            max_stream_data=settings.max_stream_data,
-            idle_timeout=settings.idle_timeout,
-            max_datagram_frame_size=settings.max_datagram_frame_size,
-            probe_datagram_size=True,
-        )
+            **shared.configuration_options(settings, is_client=is_client,
+                                           alpn_protocols=alpn_protocols,
+                                           max_datagram_size=max_datagram_size),
+            probe_datagram_size=True)
 
     def client_connection(self, configuration: QuicConfiguration,
                           settings: QuicSettings) -> QuicConnectionAPI:
@@ -244,13 +240,7 @@ class Qh3Adapter:
             header = pull_quic_header(Buffer(data=data), cid_length)
         except ValueError:
             return None
-        return PacketHeader(
-            version=header.version,
-            initial=header.packet_type == QuicPacketType.INITIAL,
-            version_negotiation=header.packet_type == QuicPacketType.VERSION_NEGOTIATION,
-            destination_cid=header.destination_cid,
-            source_cid=header.source_cid,
-        )
+        return shared.packet_header(header, QuicPacketType)
 
     def version_negotiation(self, header: PacketHeader, versions: Sequence[int]) -> bytes:
         return bytes(encode_quic_version_negotiation(
@@ -314,16 +304,11 @@ class Qh3Adapter:
 
     def adopt_local_webtransport_bidi(self, h3: H3ConnectionAPI, stream_id: int,
                                       session_id: int) -> None:
-        # as with aioquic (see its adapter): the peer's half carries WebTransport data
         stream = cast(H3Connection, h3)._get_or_create_stream(stream_id)
-        stream.frame_type = FrameType.WEBTRANSPORT_STREAM
-        stream.session_id = session_id
-        stream.sending_ended = True  # we never send HTTP/3 frames on it
+        shared.mark_local_webtransport_bidi(stream, session_id)
 
     def adopt_webtransport_stream(self, h3: H3ConnectionAPI, stream_id: int) -> None:
-        stream = cast(H3Connection, h3)._stream.get(stream_id)
-        if stream is not None:
-            stream.sending_ended = True  # lets qh3 forget it when done
+        shared.forget_when_done(cast(H3Connection, h3)._stream, stream_id)
 
     def send_view(self, quic: QuicConnectionAPI) -> StreamSendView:
         return _Qh3SendView(cast(QuicConnection, quic))
