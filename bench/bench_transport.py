@@ -12,6 +12,7 @@ Run: ``.venv/bin/python -m bench.bench_transport``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import subprocess
@@ -38,14 +39,21 @@ logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 
+JUMBO_DATAGRAM = 8952
+"""UDP payload of a 9000-byte jumbo-frame MTU over IPv6 (9000 - 40 - 8)."""
+
 SETTINGS: dict[str, QuicSettings] = {
     "aioquic": QuicSettings.aioquic_defaults(),
     "default": QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE),  # off loopback
     "loopback": quic_settings(),
     "ethernet": quic_settings(ETHERNET_DATAGRAM),
+    "ethernet-no-gso": dataclasses.replace(quic_settings(ETHERNET_DATAGRAM), gso=False),
+    "jumbo": quic_settings(JUMBO_DATAGRAM),
+    "jumbo-no-gso": dataclasses.replace(quic_settings(JUMBO_DATAGRAM), gso=False),
 }
 """Named settings: aioquic's own defaults, kvcs's defaults (1350-byte datagrams), the
-loopback preset, and the loopback preset with Ethernet-sized (1452-byte) datagrams."""
+loopback preset, and the loopback preset with Ethernet-sized (1452-byte) and jumbo-frame
+(8952-byte) datagrams, each with and without packet batching (UDP GSO/GRO)."""
 
 
 CPU_US_PER_MIB: dict[str, dict[str, float]] = {}
@@ -211,8 +219,13 @@ def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict
     for name in names:
         size = total_bytes if name != "aioquic" else min(total_bytes, 64 * MiB)
         results[name] = asyncio.run(raw_stream_throughput(SETTINGS[name], size))
-        print(f"raw QUIC uni stream ({QUIC_LIBRARY}), {name:9s} settings: "
+        print(f"raw QUIC uni stream ({QUIC_LIBRARY}), {name:15s} settings: "
               f"{results[name]:8.1f} MiB/s")
+    for size in ("ethernet", "jumbo"):
+        if size in results and f"{size}-no-gso" in results:
+            speedup = results[size] / results[f"{size}-no-gso"]
+            results["gso_speedup" if size == "ethernet" else f"gso_speedup_{size}"] = speedup
+            print(f"UDP GSO/GRO speedup at {size} size: {speedup:.2f}x")
     return results
 
 
