@@ -49,6 +49,18 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
                    "(compiled core) when installed, else aioquic)")
     p.add_argument("--max-fetches-per-session", type=int, metavar="N")
     p.add_argument("--max-requests-per-session", type=int, metavar="N")
+    p.add_argument("--request-rate", type=float, metavar="PER_SECOND",
+                   help="requests handled per second, all sessions together, least-served "
+                        "session first (default 1000; 0: no pacing)")
+    p.add_argument("--request-burst", type=int, metavar="N",
+                   help="requests handled at once before --request-rate applies (default 256)")
+    p.add_argument("--max-sessions", type=int, metavar="N",
+                   help="sessions at once; a client past it is not answered (default 1024)")
+    p.add_argument("--accept-rate", type=float, metavar="PER_SECOND",
+                   help="new QUIC connections accepted per second (default 100)")
+    p.add_argument("--max-session-backlog", metavar="SIZE",
+                   help="bytes queued for one session past which a live subscriber that does "
+                        "not read is ended with TOO_FAR_BEHIND (default 64MiB)")
     p.add_argument("--upstream-linger", type=float, metavar="SECONDS",
                    help="keep an idle upstream subscription this long (default 10)")
     p.add_argument("--kvsp-store", metavar="DIR",
@@ -65,7 +77,9 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
                "upstream_insecure", "upstream_token", "auth", "anonymous", "cache_bytes",
                "metrics", "log_level", "quic_preset", "mtu", "quic_backend",
                "max_fetches_per_session",
-               "max_requests_per_session", "upstream_linger", "kvsp_store", "kvsp_listen")
+               "max_requests_per_session", "request_rate", "request_burst", "max_sessions",
+               "accept_rate", "max_session_backlog", "upstream_linger", "kvsp_store",
+               "kvsp_listen")
 
 
 def relay_config(args: argparse.Namespace) -> Any:

@@ -54,6 +54,14 @@ def test_config_file_and_flags_win(tmp_path: Path) -> None:
                                       "127.0.0.1:6000"])
     c = relay_config(args)
     assert c.listen == "127.0.0.1:6000" and c.anonymous and c.cache_bytes == 64 << 20
+    limits = relay_config(build_parser().parse_args([
+        "relay", "--anonymous", "--request-rate", "50", "--request-burst", "8",
+        "--max-sessions", "10", "--accept-rate", "5", "--max-session-backlog", "8MiB"]))
+    assert (limits.request_rate, limits.request_burst, limits.max_sessions,
+            limits.accept_rate, limits.max_session_backlog) == (50, 8, 10, 5, 8 << 20)
+    with pytest.raises(ConfigError, match="max-session-backlog"):
+        relay_config(build_parser().parse_args(["relay", "--anonymous",
+                                                "--max-session-backlog", "1KiB"]))
     cfg.write_text('bogus = 1\n')
     with pytest.raises(ConfigError, match="unknown configuration key"):
         relay_config(build_parser().parse_args(["relay", "--config", str(cfg)]))
