@@ -206,8 +206,8 @@ class Track:
                 run.append(obj)
                 added += 1
                 if self._may_end(obj, g):
-                    self._tell(run)
-                    run = []
+                    told, run = run, []
+                    self._tell(told)
                     self._after_end(obj, g)
         finally:
             if run:
