@@ -37,7 +37,7 @@ from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
-from .moqt.track import FullTrackName, Track
+from .moqt.track import CachedObject, FullTrackName, Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
@@ -606,6 +606,13 @@ class Endpoint(BoundSession):
         """Add one object to a local track; live subscribers get it at once."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
+        self.schedule_flush()
+
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        """Add objects to a local track in order (see :meth:`Track.extend`): live
+        subscribers get them at once, with one forwarding call chain per run instead of
+        one per object (a KV layer is one run)."""
+        track.extend(objects)
         self.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:

@@ -13,13 +13,14 @@ concurrent FETCHes (REQUEST_ERROR EXCESSIVE_LOAD with a Retry Interval), and, gi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from .admission import Admission, Limits
 from .auth import Authorizer
 from .endpoint import Endpoint, send_namespace_notices, serve_endpoints
 from .moqt.origin import Origin
-from .moqt.track import FullTrackName, Track
+from .moqt.track import CachedObject, FullTrackName, Track
 from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
 from .transport import QuicSettings, Server
 
@@ -71,6 +72,13 @@ class TrackHost:
         """Add one object; every live subscriber on every session gets it."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
+        for ep in self.endpoints:
+            ep.schedule_flush()
+
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        """Add objects in order (see :meth:`Track.extend`); every live subscriber on every
+        session gets them, with one forwarding call chain per run."""
+        track.extend(objects)
         for ep in self.endpoints:
             ep.schedule_flush()
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -58,7 +58,7 @@ from ..kv.manifest import Manifest, Protection, Segment
 from ..kv.payload import HEADER_SIZE, build_headers
 from ..kv.secure import ContentKey, SecureObjects
 from ..kv.tracks import TrackName
-from ..moqt.track import Track
+from ..moqt.track import CachedObject, Track
 from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
 from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
 from .offload import sha256_digests
@@ -68,7 +68,13 @@ log = logging.getLogger(__name__)
 
 class PublishTarget(Protocol):
     """Where a publisher puts its tracks: an :class:`~kvcs.endpoint.Endpoint` connected to a
-    relay, or a :class:`~kvcs.hosting.TrackHost` serving consumers directly."""
+    relay, or a :class:`~kvcs.hosting.TrackHost` serving consumers directly.
+
+    A target's class may also define ``publish_run(track, objects)`` next to ``publish``
+    (add a run of :class:`~kvcs.moqt.track.CachedObject` in order, as Endpoint, TrackHost
+    and ReconnectingTarget do): the publisher then hands over each layer of a track as
+    one run. Otherwise (e.g. a wrapper or subclass that intercepts ``publish``) every
+    object goes through ``publish``."""
 
     def create_track(self, namespace: TrackNamespace, name: bytes,
                      properties: Properties = ()) -> Track: ...
@@ -84,6 +90,17 @@ class PublishTarget(Protocol):
     def withdraw(self, namespace: TrackNamespace) -> None: ...
 
     async def drain(self, limit: int = ...) -> None: ...
+
+
+def _run_publisher(target: PublishTarget) -> Callable[[Track, list[CachedObject]], None] | None:
+    """The target's ``publish_run`` if the class that defines its ``publish`` defines it
+    too (looked up on the class: a wrapper that forwards attributes to an endpoint, or a
+    subclass overriding ``publish``, must see every object)."""
+    for klass in type(target).__mro__:
+        if "publish" in vars(klass):
+            run = getattr(target, "publish_run", None) if "publish_run" in vars(klass) else None
+            return run if callable(run) else None
+    return None
 
 
 @runtime_checkable
@@ -403,18 +420,25 @@ class KvPublisher:
                     for b, (header, data, digest)
                     in enumerate(zip(headers, sections, digests, strict=True))]
 
-        def end_group(track: Track) -> None:
-            ep.publish(track, layer, seg.blocks, b"", status=ObjectStatus.END_OF_GROUP,
-                       priority=prio)
-            if layer == L - 1 and o.data_end_of_track:
-                ep.publish(track, layer, seg.blocks + 1, b"", status=ObjectStatus.END_OF_TRACK,
-                           priority=prio)
+        publish_run = _run_publisher(ep)
 
         def publish(name: str, made: list[tuple[bytes, Properties, str]]) -> None:
+            # the layer's objects and end markers as one run: one forwarding call chain
+            # per layer and track instead of one per object
             track = seg.tracks[name]
-            for b, (payload, props, _) in enumerate(made):
-                ep.publish(track, layer, b, payload, priority=prio, properties=props)
-            end_group(track)
+            run = [CachedObject(layer, b, 0, prio, ObjectStatus.NORMAL, tuple(props), payload)
+                   for b, (payload, props, _) in enumerate(made)]
+            run.append(CachedObject(layer, seg.blocks, 0, prio, ObjectStatus.END_OF_GROUP,
+                                    (), b""))
+            if layer == L - 1 and o.data_end_of_track:
+                run.append(CachedObject(layer, seg.blocks + 1, 0, prio,
+                                        ObjectStatus.END_OF_TRACK, (), b""))
+            if publish_run is not None:
+                publish_run(track, run)
+            else:
+                for obj in run:
+                    ep.publish(track, obj.group_id, obj.object_id, obj.payload,
+                               status=obj.status, priority=prio, properties=obj.properties)
             seg.digests[name].append([digest for _, _, digest in made])
 
         try:

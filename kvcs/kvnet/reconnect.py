@@ -29,11 +29,12 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Iterable
 
 from ..backoff import Backoff
 from ..endpoint import Endpoint, HandOverError, MoqtRequestError, open_session
 from ..moqt.origin import Origin
-from ..moqt.track import Track
+from ..moqt.track import CachedObject, Track
 from ..moqt.wire import (
     AuthToken,
     ObjectStatus,
@@ -215,6 +216,14 @@ class ReconnectingTarget:
         those of later sessions when they ask."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
+        ep = self.endpoint
+        if ep is not None and not ep.is_closed:
+            ep.schedule_flush()
+
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        """Add objects to a track in order (see :meth:`Track.extend`), as :meth:`publish`
+        does each, with one forwarding call chain per run."""
+        track.extend(objects)
         ep = self.endpoint
         if ep is not None and not ep.is_closed:
             ep.schedule_flush()

@@ -393,10 +393,11 @@ class DataStreams:
         if not isinstance(writer, SubgroupWriter):
             raise SessionUsageError(f"stream {stream_id} is a fetch stream")
         prefix = writer.object_prefix(object_id, len(payload), status, properties)
-        actions = self._out.actions  # the hot path: two appends per object
+        actions = self._out.actions  # the hot path: one append per object
         if payload:
-            actions.append(SendStreamData(stream_id, prefix))
-            actions.append(SendStreamData(stream_id, payload, end))
+            # one write of prefix + payload: the copy (~2 us for 32 KiB) costs less than
+            # a second trip through the scheduler and qh3's send_stream (0.1-0.2 ms/MiB)
+            actions.append(SendStreamData(stream_id, b"".join((prefix, payload)), end))
         else:
             actions.append(SendStreamData(stream_id, prefix, end))
         if end:
@@ -434,10 +435,9 @@ class DataStreams:
             return False
         prefix = writer.object_prefix(group_id, subgroup_id, object_id, publisher_priority,
                                       len(payload), properties, datagram)
-        actions = self._out.actions
-        actions.append(SendStreamData(stream_id, prefix))
-        if payload:
-            actions.append(SendStreamData(stream_id, payload))
+        # one write of prefix + payload (see write_object)
+        self._out.actions.append(SendStreamData(
+            stream_id, b"".join((prefix, payload)) if payload else prefix))
         return True
 
     def write_end_of_range(self, stream_id: int, kind: int, group_id: int,

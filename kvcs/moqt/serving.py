@@ -21,7 +21,7 @@ Payload bytes are written as the views stored in the track: no copies per subscr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import events as ev
@@ -494,22 +494,24 @@ class TrackServer:
         if self._on_track in track.listeners:
             track.listeners.remove(self._on_track)
 
-    def _on_track(self, track: Track, what: str, obj: CachedObject | None) -> None:
+    def _on_track(self, track: Track, what: str, objs: Sequence[CachedObject]) -> None:
         if self.session.is_closed:
             return
         subs = [s for s in self._subs.values() if s.track is track]
         if what == "object":
-            assert obj is not None
+            # one call per run of new objects (a published layer): the checks below run
+            # once per run, not once per object
             for sub in subs:
-                self._forward(sub, obj)
+                for obj in objs:
+                    self._forward(sub, obj)
         elif what == "subgroup_closed":
-            assert obj is not None
+            obj = objs[0]
             for sub in subs:
                 sid = sub.streams.pop((obj.group_id, obj.subgroup_id), None)
                 if sid is not None:
                     self.session.end_data_stream(sid)
         elif what == "group_closed":
-            assert obj is not None
+            obj = objs[0]
             for sub in subs:
                 for key in [k for k in sub.streams if k[0] == obj.group_id]:
                     self.session.end_data_stream(sub.streams.pop(key))

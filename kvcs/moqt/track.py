@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .wire import (
@@ -70,9 +70,11 @@ class CachedObject:
         )
 
 
-TrackListener = Callable[["Track", str, CachedObject | None], None]
-"""Called as listener(track, what, obj): what is "object", "group_closed", "subgroup_closed"
-(obj carries group/subgroup), "ended" (End of Track known) or "gone" (track dropped)."""
+TrackListener = Callable[["Track", str, Sequence[CachedObject]], None]
+"""Called as listener(track, what, objs): what is "object" (objs: the new objects, in the
+order stored, one or more), "group_closed", "subgroup_closed" (objs: one object carrying
+group/subgroup), "settled", "ended" (End of Track known) or "gone" (track dropped), the last
+three with no objects."""
 
 
 @dataclass(slots=True)
@@ -176,6 +178,49 @@ class Track:
         Raises :class:`ImmutabilityError` for a different object at the same Location.
         Listeners are told about new objects.
         """
+        g = self._store(obj)
+        if g is None:
+            return False
+        self._tell([obj])
+        if self._may_end(obj, g):
+            self._after_end(obj, g)
+        return True
+
+    def extend(self, objs: Iterable[CachedObject]) -> int:
+        """Store a run of objects in order, as :meth:`add` does each; returns how many were
+        new (identical duplicates are skipped).
+
+        Listeners hear about the new objects in one "object" call per stretch that ends
+        where an object closes a group or the track (then the close follows, as with
+        :meth:`add`): a layer of a publication costs one call chain, not one per object.
+        An :class:`ImmutabilityError` leaves the objects before the bad one stored and
+        told.
+        """
+        run: list[CachedObject] = []
+        added = 0
+        try:
+            for obj in objs:
+                g = self._store(obj)
+                if g is None:
+                    continue
+                run.append(obj)
+                added += 1
+                if self._may_end(obj, g):
+                    told, run = run, []
+                    self._tell(told)
+                    self._after_end(obj, g)
+        finally:
+            if run:
+                self._tell(run)
+        return added
+
+    def _tell(self, run: list[CachedObject]) -> None:
+        for listener in list(self.listeners):
+            listener(self, "object", run)
+
+    def _store(self, obj: CachedObject) -> _Group | None:
+        """Store one object without telling listeners; returns its group, or None for an
+        identical duplicate."""
         g = self._groups.get(obj.group_id)
         if g is None:
             g = self._groups[obj.group_id] = _Group()
@@ -183,7 +228,7 @@ class Track:
         old = g.objects.get(obj.object_id)
         if old is not None:
             if old.same_as(obj):
-                return False
+                return None
             raise ImmutabilityError(
                 f"different object at {obj.group_id}/{obj.object_id} of {self.name!r}")
         if g.end is not None and obj.object_id >= g.end and obj.status == ObjectStatus.NORMAL:
@@ -215,8 +260,17 @@ class Track:
             self.end_of_track = loc
         if self.largest is None or loc > self.largest:
             self.largest = loc
-        for listener in list(self.listeners):
-            listener(self, "object", obj)
+        return g
+
+    @staticmethod
+    def _may_end(obj: CachedObject, g: _Group) -> bool:
+        """True if the stored object may close its group or the track (:meth:`_after_end`)."""
+        return obj.status != ObjectStatus.NORMAL or (g.end is not None and not g.closed)
+
+    def _after_end(self, obj: CachedObject, g: _Group) -> None:
+        """Close the object's group and mark the track ended where the object completes
+        them (after listeners heard about it)."""
+        ends = obj.status in (ObjectStatus.END_OF_GROUP, ObjectStatus.END_OF_TRACK)
         if (ends and self.origin) or (g.end is not None and not g.closed
                                       and self._contiguous(g)):
             # an origin track is written in order: its end markers close the group. A
@@ -225,7 +279,6 @@ class Track:
             self.close_group(obj.group_id)
         if obj.status == ObjectStatus.END_OF_TRACK:
             self._mark_ended()
-        return True
 
     def append(self, group_id: int, object_id: int, payload: bytes | memoryview, *,
                status: int = ObjectStatus.NORMAL, priority: int | None = None,
@@ -254,13 +307,13 @@ class Track:
             return
         g.closed = True
         for listener in list(self.listeners):
-            listener(self, "group_closed", CachedObject(group_id, 0, 0, 0, 0, (), b""))
+            listener(self, "group_closed", (CachedObject(group_id, 0, 0, 0, 0, (), b""),))
 
     def close_subgroup(self, group_id: int, subgroup_id: int) -> None:
         """Tell listeners that a subgroup ended (its stream finished cleanly)."""
         for listener in list(self.listeners):
             listener(self, "subgroup_closed",
-                     CachedObject(group_id, 0, subgroup_id, 0, 0, (), b""))
+                     (CachedObject(group_id, 0, subgroup_id, 0, 0, (), b""),))
 
     def settle(self, until: Location) -> None:
         """Record that every Location <= ``until`` is known (e.g. a fill finished)."""
@@ -270,11 +323,11 @@ class Track:
                 if gid < until.group:
                     self.close_group(gid)
             for listener in list(self.listeners):
-                listener(self, "settled", None)
+                listener(self, "settled", ())
 
     def _mark_ended(self) -> None:
         for listener in list(self.listeners):
-            listener(self, "ended", None)
+            listener(self, "ended", ())
 
     def finish(self, end: Location | None = None) -> None:
         """Mark the track complete (all objects known), e.g. after End of Track + fill."""
@@ -290,7 +343,7 @@ class Track:
     def drop(self) -> None:
         """Forget all objects and tell listeners the track is gone."""
         for listener in list(self.listeners):
-            listener(self, "gone", None)
+            listener(self, "gone", ())
         self._groups.clear()
         self._group_ids.clear()
         self._arrivals.clear()

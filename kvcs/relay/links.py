@@ -66,6 +66,10 @@ class Links:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self._by_track: dict[FullTrackName, Link] = {}
+        self.objects_in = 0
+        """Objects received on upstream subscriptions (kvcs_relay_objects_in_total)."""
+        self.bytes_in = 0
+        """Their payload bytes (kvcs_relay_bytes_in_total)."""
 
     def __len__(self) -> int:
         return len(self._by_track)
@@ -138,9 +142,10 @@ class Links:
             if s is None or r.group_id > s.group:
                 track.settle(Location(r.group_id, r.object_id))
         n = len(r.payload)
-        metrics = self.relay.metrics
-        metrics.inc("kvcs_relay_objects_in_total")
-        metrics.inc("kvcs_relay_bytes_in_total", n)
+        # plain counters, read by the metrics at scrape time: two Metrics.inc per object
+        # cost 0.03 ms/MiB (docs/perf-profile.md)
+        self.objects_in += 1
+        self.bytes_in += n
         if added:
             self.relay.cache.added(n)
             if track.end_of_track is not None:

@@ -105,6 +105,8 @@ class Relay:
         m.gauge("kvcs_relay_cache_tracks", lambda: len(self.cache.tracks))
         m.gauge("kvcs_relay_upstream_subscriptions", lambda: len(self.links))
         m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
+        m.gauge("kvcs_relay_objects_in_total", lambda: self.links.objects_in)
+        m.gauge("kvcs_relay_bytes_in_total", lambda: self.links.bytes_in)
         m.gauge("kvcs_relay_objects_out_total", lambda: self.objects_out()[0])
         m.gauge("kvcs_relay_bytes_out_total", lambda: self.objects_out()[1])
         m.labelled_gauge("kvcs_relay_session_datagram_size_bytes", "session", lambda: {
