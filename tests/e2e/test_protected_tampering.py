@@ -22,15 +22,14 @@ from kvcs.kv.scopefile import ScopeFile
 from kvcs.kv.secure import ContentKey, SecureObjects, build_immutable_properties
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
-from kvcs.moqt import events as ev
-from kvcs.moqt.track import CachedObject
+from kvcs.moqt.track import CachedObject, Track
 from kvcs.moqt.wire import IMMUTABLE_PROPERTIES, Location, ObjectRecord
 from kvcs.relay import Relay
-from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .retrieval import layers_until_recompute
+from .test_tampering import RewritingRelay
 
 SCOPE_FILE = ScopeFile.new(SCOPE).rotated()  # content keys 1 and 2; 2 is current
 K_TRACK, V_TRACK = b"k.raw.s0", b"v.raw.s0"
@@ -38,7 +37,7 @@ K_TRACK, V_TRACK = b"k.raw.s0", b"v.raw.s0"
 Edit = Callable[[ObjectRecord], None]
 
 
-class EditingRelay(Relay):
+class EditingRelay(RewritingRelay):
     """A relay that rewrites chosen objects it receives from upstream before caching and
     forwarding them: ``edits`` maps (track name, group or None for any, object) to a
     function that changes the record in place; ``only``: edit only this namespace's."""
@@ -46,25 +45,14 @@ class EditingRelay(Relay):
     edits: dict[tuple[bytes, int | None, int], Edit] = {}
     only: tuple[bytes, ...] | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.links = _EditingLinks(self)
-
-
-class _EditingLinks(Links):
-    def __init__(self, relay: EditingRelay) -> None:
-        super().__init__(relay)
-        self.evil = relay
-
-    def on_object(self, link: Link, e: ev.ObjectReceived) -> None:
-        r = e.record
-        edit = (self.evil.edits.get((link.track.name, r.group_id, r.object_id))
-                or self.evil.edits.get((link.track.name, None, r.object_id)))
-        if self.evil.only is not None and tuple(link.track.namespace) != self.evil.only:
+    def rewrite(self, track: Track, record: ObjectRecord) -> bool:
+        edit = (self.edits.get((track.name, record.group_id, record.object_id))
+                or self.edits.get((track.name, None, record.object_id)))
+        if self.only is not None and tuple(track.namespace) != self.only:
             edit = None
-        if edit is not None and r.payload.nbytes:
-            edit(r)
-        super().on_object(link, e)
+        if edit is not None and record.payload.nbytes:
+            edit(record)
+        return True
 
 
 def _bytes_edit(change: Callable[[bytearray], bytes | bytearray]) -> Edit:

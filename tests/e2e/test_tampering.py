@@ -14,6 +14,8 @@ from kvcs.kv.manifest import Manifest
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
+from kvcs.moqt.track import Track
+from kvcs.moqt.wire import ObjectRecord
 from kvcs.relay import Relay
 from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
@@ -21,7 +23,32 @@ from kvcs.testing import LocalNet
 from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 
 
-class TamperingRelay(Relay):
+class RewritingRelay(Relay):
+    """A relay that may change or drop each object it receives from upstream before
+    caching and forwarding it: subclasses override :meth:`rewrite`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.links = _RewritingLinks(self)
+
+    def rewrite(self, track: Track, record: ObjectRecord) -> bool:
+        """Change ``record`` in place; False drops it."""
+        return True
+
+
+class _RewritingLinks(Links):
+    """Upstream subscriptions whose objects a :class:`RewritingRelay` rewrites."""
+
+    def __init__(self, relay: RewritingRelay) -> None:
+        super().__init__(relay)
+        self.evil = relay
+
+    def on_object(self, link: Link, e: ev.ObjectReceived) -> None:
+        if self.evil.rewrite(link.track, e.record):
+            super().on_object(link, e)
+
+
+class TamperingRelay(RewritingRelay):
     """A relay that corrupts what it caches: ``flip``/``drop`` sets of
     (track name, group, object), and ``swap`` payload replacements."""
 
@@ -29,29 +56,17 @@ class TamperingRelay(Relay):
     drop: set[tuple[bytes, int, int]] = set()
     swap: dict[tuple[bytes, int, int], bytes] = {}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.links = _TamperingLinks(self)
-
-
-class _TamperingLinks(Links):
-    """Upstream subscriptions whose objects a :class:`TamperingRelay` corrupts."""
-
-    def __init__(self, relay: TamperingRelay) -> None:
-        super().__init__(relay)
-        self.evil = relay
-
-    def on_object(self, link: Link, e: ev.ObjectReceived) -> None:
-        key = (link.track.name, e.record.group_id, e.record.object_id)
-        if key in self.evil.drop:
-            return
-        if key in self.evil.flip:
-            bad = bytearray(e.record.payload)
+    def rewrite(self, track: Track, record: ObjectRecord) -> bool:
+        key = (track.name, record.group_id, record.object_id)
+        if key in self.drop:
+            return False
+        if key in self.flip:
+            bad = bytearray(record.payload)
             bad[-1] ^= 0x40
-            e.record.payload = memoryview(bytes(bad))
-        if key in self.evil.swap:
-            e.record.payload = memoryview(self.evil.swap[key])
-        super().on_object(link, e)
+            record.payload = memoryview(bytes(bad))
+        if key in self.swap:
+            record.payload = memoryview(self.swap[key])
+        return True
 
 
 async def _publish(net: LocalNet, relay: Relay, seed: int,
