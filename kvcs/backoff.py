@@ -10,11 +10,17 @@ the same instant.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = ["Backoff"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,3 +49,18 @@ class Backoff:
         while True:
             yield delay * (1 - self.jitter * draw()) if self.jitter else delay
             delay = min(delay * self.factor, self.maximum)
+
+    async def retry(self, attempt: Callable[[int], Awaitable[T]], *, what: str,
+                    retry_on: tuple[type[BaseException], ...],
+                    rng: random.Random | None = None) -> T:
+        """Wait a delay, then ``await attempt(n)`` (n = 1, 2, ...), until it returns;
+        an exception of ``retry_on`` is logged at INFO (``what`` names the attempt) and
+        retried, any other ends it. Cancel the caller to stop trying."""
+        for n, delay in enumerate(self.delays(rng), 1):
+            await asyncio.sleep(delay)
+            log.info("%s: attempt %d (after %.2f s)", what, n, delay)
+            try:
+                return await attempt(n)
+            except retry_on as exc:
+                log.info("attempt %d failed (%s): %s", n, what, exc or type(exc).__name__)
+        raise AssertionError("unreachable: the delays never end")

@@ -174,26 +174,22 @@ class ReconnectingTarget:
             await self._reconnect()
 
     async def _reconnect(self) -> None:
-        for delay in self.backoff.delays(self.rng):
-            await asyncio.sleep(delay)
-            self.attempts += 1
-            log.info("reconnecting to %s: attempt %d (after %.2f s)", self.url,
-                     self.attempts, delay)
-            try:
-                ep = await self._open()
-            except (ConnectionError, OSError, TimeoutError) as exc:
-                log.info("attempt %d failed: %s", self.attempts, exc or "timeout")
-                continue
-            try:
-                await self._announce_all(ep)
-            except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
-                log.warning("re-announcing on %s failed: %s", self.url, exc or "timeout")
-                ep.close()
-                continue
-            log.info("reconnected to %s (session %d), %d namespace(s) announced again",
-                     self.url, self.sessions + 1, len(self._announced))
-            self._use(ep)
-            return
+        self._use(await self.backoff.retry(
+            self._open_and_announce, what=f"reconnecting to {self.url}", rng=self.rng,
+            retry_on=(ConnectionError, OSError, TimeoutError, MoqtRequestError)))
+        log.info("reconnected to %s (session %d), %d namespace(s) announced again",
+                 self.url, self.sessions, len(self._announced))
+
+    async def _open_and_announce(self, _attempt: int) -> Endpoint:
+        """One reconnection attempt: a new session with every namespace announced."""
+        self.attempts += 1
+        ep = await self._open()
+        try:
+            await self._announce_all(ep)
+        except BaseException:
+            ep.close()
+            raise
+        return ep
 
     async def _announce_all(self, ep: Endpoint) -> None:
         """PUBLISH_NAMESPACE every namespace announced so far (also those announced while

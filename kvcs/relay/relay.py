@@ -218,18 +218,10 @@ class Relay:
         """The upstream session was lost: open a new one (jittered backoff, attempts at
         INFO) and watch every prefix watched here again; requests meanwhile are answered
         from the cache (or DOES_NOT_EXIST), and consumers resume by themselves."""
-        for attempt, delay in enumerate(UPSTREAM_BACKOFF.delays(), 1):
-            await asyncio.sleep(delay)
-            if self.going_away:
-                return
-            try:
-                await self._connect_upstream()
-            except (ConnectionError, OSError, TimeoutError) as exc:
-                log.info("upstream %s: attempt %d failed: %s", self.config.upstream, attempt,
-                         exc or "timeout")
-                continue
-            self.metrics.inc("kvcs_relay_upstream_reconnects_total")
-            return
+        await UPSTREAM_BACKOFF.retry(lambda _n: self._connect_upstream(),
+                                     what=f"reconnecting upstream {self.config.upstream}",
+                                     retry_on=(ConnectionError, OSError, TimeoutError))
+        self.metrics.inc("kvcs_relay_upstream_reconnects_total")
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: GOAWAY downstream, grace, unsubscribe upstream, close."""

@@ -69,9 +69,29 @@ def test_backoff_is_bounded_and_jittered() -> None:
             Backoff(**bad)  # type: ignore[arg-type]
 
 
+async def test_backoff_retry_until_success_and_only_on_the_given_errors() -> None:
+    b = Backoff(initial=0.001, maximum=0.002)
+    tries: list[int] = []
+
+    async def flaky(n: int) -> str:
+        tries.append(n)
+        if n < 3:
+            raise ConnectionError("refused")
+        return "up"
+
+    assert await b.retry(flaky, what="test", retry_on=(ConnectionError,)) == "up"
+    assert tries == [1, 2, 3]
+
+    async def broken(n: int) -> str:
+        raise ValueError("not retried")
+
+    with pytest.raises(ValueError):
+        await b.retry(broken, what="test", retry_on=(ConnectionError,))
+
+
 async def test_reconnects_announces_again_and_serves_everything(
         relays: Relays, cert: DevCertificate, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kvcs.kvnet.reconnect")
+    caplog.set_level(logging.INFO, logger="kvcs.backoff")  # logs each attempt
     relay = await relays.start()
     url = f"moqt://127.0.0.1:{relays.port}/"
     target = await ReconnectingTarget.connect(
