@@ -89,13 +89,20 @@ class Namespaces:
     def _end(self, session: RelaySession, request_id: int,
              namespace: TrackNamespace) -> list[NamespaceNotice[RelaySession]]:
         """End one publication; the relay keeps a completed one it was the last of."""
-        if (self.origin.publishers(namespace) == [session] and namespace not in self.retained
-                and self._holds_complete(namespace)):
-            self.origin.publish(namespace)  # by the relay itself: still available, no notice
-            self.retained.add(namespace)
-            log.info("keeping %s: its publisher left, the relay holds it complete",
-                     render_namespace(namespace))
+        if self.origin.publishers(namespace) == [session]:
+            self._keep_if_complete(namespace, "its publisher left")  # still available: no notice
         return self.origin.withdraw(namespace, session, request_id)
+
+    def _keep_if_complete(self, namespace: TrackNamespace,
+                          why: str) -> list[NamespaceNotice[RelaySession]]:
+        """Publish ``namespace`` in the relay's own name if it holds it complete (and does
+        not already); the NAMESPACE notices if it was not available before."""
+        if namespace in self.retained or not self._holds_complete(namespace):
+            return []
+        self.retained.add(namespace)
+        log.info("keeping %s: %s, the relay holds it complete", render_namespace(namespace),
+                 why)
+        return self.origin.publish(namespace)
 
     def _holds_complete(self, namespace: TrackNamespace) -> bool:
         held = [t for t in self.cache.under(namespace) if t.count]
@@ -173,12 +180,8 @@ class Namespaces:
         whose tracks it holds complete and nobody publishes (the upstream's NAMESPACEs
         end with the last downstream watcher, often before its tracks were pulled)."""
         for ns in dict.fromkeys(t.namespace for t in self.cache.tracks.values()):
-            if (ns not in self.retained and not self.origin.publishers(ns)
-                    and self._holds_complete(ns)):
-                self.retained.add(ns)
-                log.info("keeping %s: the upstream is gone, the relay holds it complete",
-                         render_namespace(ns))
-                send_namespace_notices(self.origin.publish(ns))
+            if not self.origin.publishers(ns):
+                send_namespace_notices(self._keep_if_complete(ns, "the upstream is gone"))
 
     def on_upstream_event(self, request_id: int, e: ev.Event) -> bool:
         """Take an event of an upstream SUBSCRIBE_NAMESPACE; False if it is not one."""
