@@ -310,10 +310,16 @@ def test_many_streams_are_bounded_by_their_cost() -> None:
 
 
 def _decoded(raw: bytes) -> tuple[int, Any]:
-    with traced() as used:
-        (msg,) = wire.ControlStreamParser().feed(raw)
-        size = used()
-    return size, msg
+    """Bytes one decoded ``raw`` keeps, and the message. tracemalloc counts every thread:
+    the least of three decodes leaves out what other threads (worker threads earlier
+    tests left running) allocated meanwhile (seen once in a full run: 1547 bytes for a
+    message that keeps 587)."""
+    sizes = []
+    for _ in range(3):
+        with traced() as used:
+            (msg,) = wire.ControlStreamParser().feed(raw)
+            sizes.append(used())
+    return min(sizes), msg
 
 
 @pytest.mark.parametrize("raw", [
