@@ -87,6 +87,11 @@ class Authorizer:
         self.grants = dict(grants or {})
         self.anonymous = anonymous
 
+    def replace_rules(self, other: Authorizer) -> None:
+        """Take every rule of ``other`` (a reloaded token file): requests are checked
+        against them from now on; sessions already open stay."""
+        vars(self).update(vars(other))
+
     @classmethod
     def from_file(cls, path: str) -> Authorizer:
         """Load the JSON auth file (see module doc); raises AuthError."""
