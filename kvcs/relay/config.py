@@ -52,6 +52,8 @@ class RelayConfig:
     upstream: str | list[str] | None = None
     """URL of the upstream relay, or several (peering: tried in order, the first that
     answers is used until its session is lost; :meth:`upstreams`)."""
+    upstream_timeout: float = 10.0
+    """Seconds to wait for one upstream relay to answer before trying the next."""
     upstream_cafile: str | None = None
     upstream_insecure: bool = False
     upstream_token: str | None = None

@@ -235,7 +235,7 @@ class Relay:
                 session = await open_session(
                     url, bind, settings=self.settings, cafile=cfg.upstream_cafile,
                     verify=not cfg.upstream_insecure, auth_tokens=tokens,
-                    implementation=IMPLEMENTATION)
+                    implementation=IMPLEMENTATION, timeout=cfg.upstream_timeout)
             except (ConnectionError, OSError, TimeoutError) as exc:
                 if i == len(urls) - 1:
                     raise

@@ -117,3 +117,31 @@ async def test_withdrawal_travels_up(env: Env) -> None:
     pub2.close()
     assert await watch.next(5) == (False, ns2)
     await until(lambda: ns2 not in root.publishers)
+
+
+async def test_several_upstreams_tried_in_order(env: Env) -> None:
+    """An edge lists two upstream relays: the first that answers is used; when it goes,
+    the edge moves to the other one and announces its namespaces there."""
+    a, b = await env.relay(), await env.relay()
+    dead = await env.relay()
+    dead_url = f"moqt://127.0.0.1:{dead.port}/"
+    await dead.stop(grace=0)
+    env.relays.remove(dead)
+    urls = [f"moqt://127.0.0.1:{r.port}/" for r in (a, b)]
+    edge = await env.relay(upstream=urls[0], upstream_linger=0, upstream_timeout=1.0)
+    edge.config.upstream = [dead_url, *urls]  # the first does not answer
+    pub = await env.client(edge)
+    await pub.announce(NS)
+    await until(lambda: NS in a.publishers)
+    # reconnecting goes through the list in order: the dead one, then a
+    await a.stop(grace=0)
+    env.relays.remove(a)
+    await until(lambda: edge.upstream_url == urls[1] and NS in b.publishers, 15)
+    c = await env.client(b)
+    track = pub.create_track(NS, b"k.raw.s0")
+    publish_group(pub, track, 0, PER_GROUP, SIZE)
+    end_track(pub, track, 1)
+    res = await c.fetch(NS, b"k.raw.s0", location_filter=LocationFilter.none())
+    got = await res.collect(timeout=10)
+    assert [bytes(o.payload) for o in got] == [payload(0, o, SIZE) for o in range(PER_GROUP)]
+    assert edge.metrics.get("kvcs_relay_upstream_reconnects_total") == 1
