@@ -284,7 +284,7 @@ class BoundSession:
         self.server = TrackServer(
             self.session, on_request_ended=self.served_request_ended,
             backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
-            max_backlog=max_backlog or 0)
+            max_backlog=max_backlog or 0, wake=conn.flush_soon)
         """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
         ``max_backlog``, a live subscriber that lets more bytes than that queue up is
         ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
@@ -606,14 +606,12 @@ class Endpoint(BoundSession):
         """Add one object to a local track; live subscribers get it at once."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
-        self.schedule_flush()
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects to a local track in order (see :meth:`Track.extend`): live
         subscribers get them at once, with one forwarding call chain per run instead of
         one per object (a KV layer is one run)."""
         track.extend(objects)
-        self.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """PUBLISH_NAMESPACE and wait for REQUEST_OK (raises MoqtRequestError); the peer's

@@ -72,15 +72,11 @@ class TrackHost:
         """Add one object; every live subscriber on every session gets it."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
-        for ep in self.endpoints:
-            ep.schedule_flush()
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects in order (see :meth:`Track.extend`); every live subscriber on every
         session gets them, with one forwarding call chain per run."""
         track.extend(objects)
-        for ep in self.endpoints:
-            ep.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """Make a namespace visible to SUBSCRIBE_NAMESPACE on every session."""

@@ -212,17 +212,11 @@ class ReconnectingTarget:
         those of later sessions when they ask."""
         track.append(group_id, object_id, payload, status=status, priority=priority,
                      subgroup_id=subgroup_id, properties=properties)
-        ep = self.endpoint
-        if ep is not None and not ep.is_closed:
-            ep.schedule_flush()
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects to a track in order (see :meth:`Track.extend`), as :meth:`publish`
         does each, with one forwarding call chain per run."""
         track.extend(objects)
-        ep = self.endpoint
-        if ep is not None and not ep.is_closed:
-            ep.schedule_flush()
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """PUBLISH_NAMESPACE now (if a session is up) and on every later session; a
