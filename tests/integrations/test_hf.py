@@ -11,8 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from transformers import MistralConfig, MistralForCausalLM
+
+torch = pytest.importorskip("torch", reason="the hf extra is not installed (pip install '.[hf]')")
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+MistralConfig = transformers.MistralConfig
+MistralForCausalLM = transformers.MistralForCausalLM
 
 from kvcs.integrations.hf import (
     CacheRestore,
