@@ -69,6 +69,12 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--kvsp-listen", metavar="HOST:PORT",
                    help="TCP address of that HTTPS server (default: the relay's address and "
                         "port number)")
+    p.add_argument("--store", metavar="DIR",
+                   help="keep completed publications in this directory and serve them "
+                        "again after a restart (docs/relay.md, Disk tier)")
+    p.add_argument("--store-bytes", metavar="SIZE",
+                   help="byte budget of --store, least recently used first out "
+                        "(default 10GiB)")
     p.set_defaults(func=run_relay)
     return p
 
@@ -79,7 +85,7 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
                "max_fetches_per_session",
                "max_requests_per_session", "request_rate", "request_burst", "max_sessions",
                "accept_rate", "max_session_backlog", "upstream_linger", "kvsp_store",
-               "kvsp_listen")
+               "kvsp_listen", "store", "store_bytes")
 
 
 def relay_config(args: argparse.Namespace) -> Any:

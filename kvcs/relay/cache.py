@@ -109,7 +109,9 @@ class Cache:
         return [t for t in self.tracks.values() if namespace_has_prefix(t.namespace, prefix)]
 
     def enforce_budget(self) -> None:
-        """Evict tracks, least recently used first (unpinned before pinned)."""
+        """Evict unpinned tracks, least recently used first; then shed the oldest objects
+        of pinned ones (a live track outgrowing the budget loses its past, not its
+        followers: evicting it whole ended every subscription with "track evicted")."""
         if self.bytes <= self.budget:
             return
         order = sorted(self.tracks.values(),
@@ -117,7 +119,12 @@ class Cache:
         for track in order:
             if self.bytes <= self.budget:
                 break
-            self.remove(track, "bytes")
+            if self._pinned(track):
+                freed = track.shed(self.bytes - self.budget)
+                self.bytes -= freed
+                self.metrics.inc("kvcs_relay_cache_shed_bytes_total", freed)
+            else:
+                self.remove(track, "bytes")
 
     def sweep(self) -> None:
         """Drop objects older than their track's MAX_CACHE_DURATION, evict the tracks age

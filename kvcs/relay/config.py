@@ -100,6 +100,11 @@ class RelayConfig:
     kvsp_listen: str | None = None
     """TCP ``HOST:PORT`` of that HTTPS server; default: the relay's own address and port
     number (QUIC uses UDP, so TCP can share the number)."""
+    store: str | None = None
+    """Directory of the disk tier (:mod:`kvcs.relay.store`): completed publications kept
+    there are served again after a restart."""
+    store_bytes: int = 10 << 30
+    """Byte budget of ``store`` (least recently used publications evicted first)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -117,7 +122,7 @@ class RelayConfig:
             current = getattr(self, name)
             if isinstance(current, bool) and not isinstance(value, bool):
                 raise ConfigError(f"{key} must be true or false")
-            if name in ("cache_bytes", "max_session_backlog"):
+            if name in ("cache_bytes", "max_session_backlog", "store_bytes"):
                 value = parse_size(value)
             elif isinstance(current, int | float) and not isinstance(current, bool):
                 try:
@@ -149,6 +154,10 @@ class RelayConfig:
                 raise ConfigError(f"file not found: {path}")
         if self.upstream and not self.upstream.startswith(("moqt://", "https://")):
             raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {self.upstream}")
+        if self.store_bytes <= 0:
+            raise ConfigError("--store-bytes must be positive")
+        if self.store and Path(self.store).exists() and not Path(self.store).is_dir():
+            raise ConfigError(f"--store {self.store}: not a directory")
         if self.cache_bytes <= 0:
             raise ConfigError("--cache-bytes must be positive")
         if self.request_rate < 0 or self.request_burst < 1:

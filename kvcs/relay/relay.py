@@ -48,6 +48,8 @@ from .links import Link, Links
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
 from .session import RELAYED_REQUESTS, RelaySession, request_kind
+from .store import Store
+from .tier import DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ class Relay:
         self.sessions: dict[int, RelaySession] = {}
         self.namespaces = Namespaces(self.cache)
         self.links = Links(self)
+        self.tier = DiskTier(self, Store(config.store, config.store_bytes)) \
+            if config.store else None
+        """The disk tier (``--store``), or None."""
         self._next_session = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -171,6 +176,12 @@ class Relay:
             except OSError as exc:
                 raise ListenError(cfg.metrics, " (--metrics)", exc) from exc
             self.metrics_server = metrics_server
+        if self.tier is not None:
+            try:
+                self.tier.start()
+            except OSError as exc:
+                await self._close_started()
+                raise ConfigError(f"--store {cfg.store}: {exc.strerror or exc}") from None
         try:
             if cfg.upstream:
                 await self._connect_upstream()
@@ -251,6 +262,8 @@ class Relay:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self.tier is not None:
+            await self.tier.aclose()
         if self.server is not None:
             await self.server.aclose(timeout=1.0)
         if self.admission.pacer is not None:
@@ -269,8 +282,10 @@ class Relay:
 
     def sweep(self) -> None:
         """Drop aged-out objects and the tracks they emptied, then enforce the byte
-        budget (:meth:`Cache.sweep`)."""
+        budget (:meth:`Cache.sweep`); the disk tier ages out and saves (``--store``)."""
         self.cache.sweep()
+        if self.tier is not None:
+            self.tier.sweep()
 
     def objects_out(self) -> tuple[int, int]:
         """(objects, payload bytes) sent to peers, over the relay's lifetime."""
@@ -393,6 +408,8 @@ class Relay:
 
     def on_cancelled(self, peer: RelaySession, rid: int) -> None:
         """``peer``'s peer cancelled request ``rid`` (one the TrackServer did not serve)."""
+        if self.tier is not None and self.tier.cancelled(peer, rid):
+            return
         link = peer.waiting.pop(rid, None)
         if link is not None:
             link.waiting = [(p, r) for p, r in link.waiting
@@ -431,6 +448,8 @@ class Relay:
             else:
                 self._wait(peer, e, link)
             return
+        if track is None and self.tier is not None and self.tier.route(peer, e, key):
+            return  # the store holds it: routed again once loaded
         source = self.namespaces.source(key[0])
         if source is None:
             self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
@@ -445,6 +464,10 @@ class Relay:
         self.metrics.inc("kvcs_relay_cache_misses_total")
         link = self.links.open(key, source, track)
         self._wait(peer, e, link)
+
+    def route_again(self, peer: RelaySession, e: ev.RequestReceived) -> None:
+        """Route request ``e`` of ``peer`` again (it waited for the disk tier)."""
+        self._route(peer, e, request_kind(e.message))
 
     def _wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
         link.waiting.append((peer, e))
@@ -517,4 +540,7 @@ class Relay:
         link = self.links.feeding(track)
         if link is not None:
             self.links.evicted(link)
+        if reason == "bytes" and self.tier is not None \
+                and self.tier.store.has(track.full_name):
+            return  # evicted from memory only: the store still holds it whole
         self.namespaces.track_evicted(track, reason)
