@@ -69,6 +69,15 @@ class Origin(Generic[S]):
         """Offer an existing track (e.g. one shared with another origin)."""
         self.tracks[track.full_name] = track
 
+    def drop_tracks(self, prefix: TrackNamespace) -> int:
+        """Stop offering every track whose namespace starts with ``prefix`` (field-wise);
+        returns how many. Sessions serving them keep what they serve."""
+        prefix = tuple(prefix)
+        dropped = [key for key in self.tracks if namespace_has_prefix(key[0], prefix)]
+        for key in dropped:
+            del self.tracks[key]
+        return len(dropped)
+
     # ------------------------------------------------------------------ publications
 
     @property

@@ -126,8 +126,6 @@ class Links:
                            r.properties, exact_payload(r.payload))
         if e.fill_id is None and e.stream_id >= 0:
             link.streams[e.stream_id] = (r.group_id, r.subgroup_id)
-        for p in link.downstream.values():
-            p.schedule_flush()
         try:
             added = track.add(obj)
         except ImmutabilityError as exc:
@@ -146,6 +144,8 @@ class Links:
         # cost 0.03 ms/MiB (docs/perf-profile.md)
         self.objects_in += 1
         self.bytes_in += n
+        link.source.objects_in += 1
+        link.source.bytes_in += n
         if added:
             self.relay.cache.added(n)
             if track.end_of_track is not None:
@@ -194,8 +194,6 @@ class Links:
                 elif key is not None:
                     track.close_subgroup(*key)
             self._maybe_complete(link)
-            for p in link.downstream.values():
-                p.schedule_flush()
         elif isinstance(e, ev.RangeMarkerReceived):
             if e.marker.kind != END_OF_NON_EXISTENT_RANGE:
                 link.unknown_ranges = True
@@ -208,8 +206,6 @@ class Links:
                     track.finish()
                     log.info("track %r complete (%d objects, %d bytes)", track.name,
                              track.count, track.bytes)
-                for p in list(link.downstream.values()):
-                    p.schedule_flush()
             else:
                 self.lost(link, done.status, done.reason or "upstream ended")
         elif isinstance(e, ev.RequestRejected):
@@ -301,8 +297,6 @@ class Links:
         """The cache evicted the link's track: unsubscribe, refuse who still waits."""
         self.cancel(link)
         self._reject_waiting(link, RequestErrorCode.EXCESSIVE_LOAD, "cache full")
-        for p in link.downstream.values():
-            p.schedule_flush()
 
     def maybe_idle(self, link: Link) -> None:
         """Release the link once nobody needs it (after ``upstream_linger`` seconds)."""

@@ -120,6 +120,21 @@ class Namespaces:
                      reason)
             send_namespace_notices(self.origin.withdraw(ns))
 
+    def keep_stored(self, namespace: TrackNamespace) -> None:
+        """Publish ``namespace`` in the relay's own name: its disk tier holds it complete
+        (a restarted relay, :mod:`kvcs.relay.tier`)."""
+        if namespace not in self.retained:
+            self.retained.add(namespace)
+            log.info("keeping %s: stored complete", render_namespace(namespace))
+            send_namespace_notices(self.origin.publish(namespace))
+
+    def release_kept(self, namespace: TrackNamespace) -> None:
+        """Withdraw a kept namespace nothing holds any more (e.g. aged out on disk)."""
+        if namespace in self.retained:
+            self.retained.discard(namespace)
+            log.info("withdrawing kept %s: nothing held any more", render_namespace(namespace))
+            send_namespace_notices(self.origin.withdraw(namespace))
+
     # ------------------------------------------------------------------ watchers
 
     def watch(self, session: RelaySession, request_id: int, prefix: TrackNamespace) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from kvcs.kv.payload import build_payload_bytes
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.moqt import events as ev
-from kvcs.moqt.track import Track
+from kvcs.moqt.track import CachedObject, Track
 from kvcs.moqt.wire import PARAM_OBJECTID_FILTER, Fetch, GroupOrder, LocationFilter, ObjectStatus
 from kvcs.moqt.wire.properties import (
     DEFAULT_PUBLISHER_PRIORITY,
@@ -119,9 +119,10 @@ class _Recording(TrackHost):
         super().__init__()
         self.order: list[bytes] = []
 
-    def publish(self, track: Track, *args: Any, **kw: Any) -> None:
-        self.order.append(track.name)
-        super().publish(track, *args, **kw)
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        run = list(objects)
+        self.order += [track.name] * len(run)
+        super().publish_run(track, run)
 
 
 async def test_manifest_before_the_first_data_object(net: LocalNet) -> None:
