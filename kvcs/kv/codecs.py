@@ -13,12 +13,12 @@ compiler is present) for float32, float16 and bfloat16, and otherwise in numpy
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .component import Component
@@ -157,11 +157,15 @@ _Q8_SCALE_RANGE = (
     "q8 cannot encode this block: max|x|/127 exceeds the float16 scale range (65504)"
 )
 #: Element kinds of the compiled kernels (kvcs/kv/_q8.c) and the integer view they read.
-_Q8_KINDS: dict[np.dtype, tuple[int, type[np.unsignedinteger]]] = {
-    np.dtype("<f4"): (0, np.uint32),
-    np.dtype("<f2"): (1, np.uint16),
-    np.dtype(ml_dtypes.bfloat16): (2, np.uint16),
-}
+@functools.cache
+def _q8_kinds() -> dict[np.dtype, tuple[int, type[np.unsignedinteger]]]:
+    return {  # built on first use: bfloat16 comes from ml_dtypes (imported lazily)
+        np.dtype("<f4"): (0, np.uint32),
+        np.dtype("<f2"): (1, np.uint16),
+        dtype_for("bfloat16"): (2, np.uint16),
+    }
+
+
 #: Status codes of ``_q8.encode`` -> the ValueError raised.
 _Q8_ENCODE_ERRORS = {1: _Q8_NONFINITE, 2: _Q8_SCALE_RANGE}
 _Q8_MINUS_128 = "q8 value -128 is outside -127..127"
@@ -207,6 +211,8 @@ def _q8_decode_reference(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]
     if dt.itemsize < 4:
         # The float16 scale can round up so that 127*scale exceeds the dtype's range (e.g.
         # -65504 in float16 decodes as -65532): saturate instead of producing inf/NaN.
+        import ml_dtypes  # loaded already: dt is one of its types or float16
+
         limit = np.float32(ml_dtypes.finfo(dt).max)
         np.clip(out, -limit, limit, out=out)
     return out.astype(dt)
@@ -214,7 +220,7 @@ def _q8_decode_reference(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]
 
 def _q8_encode_blocks(layer: np.ndarray, blocks: int) -> list[bytes]:
     """q8 sections of ``blocks`` equal blocks of a C-contiguous little-endian layer."""
-    kernel = _Q8_KINDS.get(layer.dtype) if _q8_kernels is not None else None
+    kernel = _q8_kinds().get(layer.dtype) if _q8_kernels is not None else None
     t, h, d = layer.shape
     if kernel is None or layer.size == 0:  # no compiled kernels, float8, or an empty array
         n = t // blocks if blocks else 0
@@ -232,7 +238,7 @@ def _q8_decode_blocks(sections: Sequence[Buffer], out: np.ndarray) -> None:
     """Decode q8 ``sections`` into equal consecutive blocks of ``out`` (t, h, d)."""
     t, h, d = out.shape
     n = t // len(sections)
-    kernel = _Q8_KINDS.get(out.dtype) if _q8_kernels is not None else None
+    kernel = _q8_kinds().get(out.dtype) if _q8_kernels is not None else None
     # float8, or a strided or unaligned view: decode each block, then copy it into place
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         dt = _check_block(out)

@@ -49,7 +49,11 @@ class RelayConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     cert_dir: str = "certs"
-    upstream: str | None = None
+    upstream: str | list[str] | None = None
+    """URL of the upstream relay, or several (peering: tried in order, the first that
+    answers is used until its session is lost; :meth:`upstreams`)."""
+    upstream_timeout: float = 10.0
+    """Seconds to wait for one upstream relay to answer before trying the next."""
     upstream_cafile: str | None = None
     upstream_insecure: bool = False
     upstream_token: str | None = None
@@ -131,6 +135,12 @@ class RelayConfig:
                     raise ConfigError(f"{key}: expected a number, got {value!r}") from None
             setattr(self, name, value)
 
+    def upstreams(self) -> list[str]:
+        """The upstream relays' URLs, in the order they are tried."""
+        if not self.upstream:
+            return []
+        return [self.upstream] if isinstance(self.upstream, str) else list(self.upstream)
+
     def validate(self) -> None:
         """Check cross-field rules; raises ConfigError with one clear line."""
         parse_hostport(self.listen, "--listen")
@@ -152,8 +162,11 @@ class RelayConfig:
         for path in (self.tls_cert, self.tls_key, self.auth, self.upstream_cafile):
             if path and not Path(path).is_file():
                 raise ConfigError(f"file not found: {path}")
-        if self.upstream and not self.upstream.startswith(("moqt://", "https://")):
-            raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {self.upstream}")
+        if not isinstance(self.upstream, str | list | type(None)):
+            raise ConfigError("upstream must be a URL or a list of URLs")
+        for url in self.upstreams():
+            if not isinstance(url, str) or not url.startswith(("moqt://", "https://")):
+                raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {url}")
         if self.store_bytes <= 0:
             raise ConfigError("--store-bytes must be positive")
         if self.store and Path(self.store).exists() and not Path(self.store).is_dir():

@@ -155,6 +155,8 @@ class Links:
         # cost 0.03 ms/MiB (docs/perf-profile.md)
         self.objects_in += 1
         self.bytes_in += n
+        link.source.objects_in += 1
+        link.source.bytes_in += n
         if added:
             self.relay.origin.added(n)
             if track.end_of_track is not None:

@@ -43,11 +43,13 @@ from ..moqt.wire import (
     TrackStatus,
 )
 from ..transport import MoqtConnection, QuicSettings, Server, ensure_dev_certificate
+from .announce import Announcer
 from .config import ListenError, RelayConfig, parse_hostport
 from .links import Link, Links
+from .linkstats import LinkStats
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
-from .session import RELAYED_REQUESTS, RelaySession, request_kind
+from .session import RELAYED_REQUESTS, ROUTED_DOWN, RelaySession, request_kind
 from .store import Store
 from .tier import DiskTier
 
@@ -96,6 +98,10 @@ class Relay:
         self.sessions: dict[int, RelaySession] = {}
         self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
+        self.link_stats = LinkStats(self)
+        self.announcer = Announcer(self)
+        self.upstream_url: str | None = None
+        """The upstream relay in use (the first of ``config.upstream`` that answered)."""
         self.tier = DiskTier(self, Store(config.store, config.store_bytes)) \
             if config.store else None
         """The disk tier (``--store``), or None."""
@@ -198,7 +204,7 @@ class Relay:
             raise ListenError(cfg.listen, "", exc) from exc
         self._sweeper = asyncio.create_task(self._sweep_loop())
         log.info("relay listening on %s:%d (upstream %s, cache %d bytes, %s)", host,
-                 self.server.port, cfg.upstream or "none", cfg.cache_bytes,
+                 self.server.port, self.upstream_url or "none", cfg.cache_bytes,
                  "anonymous" if self.auth.anonymous else f"{len(self.auth.grants)} tokens")
 
     async def _close_started(self) -> None:
@@ -211,28 +217,45 @@ class Relay:
             self.metrics_server = None
 
     async def _connect_upstream(self) -> None:
+        """Open a session to the first upstream relay of the list that answers (tried in
+        order); raises the last one's error if none does."""
         cfg = self.config
-        assert cfg.upstream
+        urls = cfg.upstreams()
+        assert urls
         tokens: tuple[AuthToken, ...] = ()
         if cfg.upstream_token:
             tok = cfg.upstream_token.encode()
             if cfg.upstream_token.startswith("hex:"):
                 tok = bytes.fromhex(cfg.upstream_token[4:])
             tokens = (AuthToken(3, token_type=0, value=tok),)
-        self.namespaces.upstream_connected(await open_session(
-            cfg.upstream, lambda conn: self.new_session(conn, upstream=True,
-                                                         request_tokens=tokens),
-            settings=self.settings, cafile=cfg.upstream_cafile,
-            verify=not cfg.upstream_insecure, auth_tokens=tokens,
-            implementation=IMPLEMENTATION))
-        log.info("connected upstream %s", cfg.upstream)
+        for i, url in enumerate(urls):
+            def bind(conn: MoqtConnection, url: str = url) -> RelaySession:
+                peer = self.new_session(conn, upstream=True, request_tokens=tokens)
+                peer.upstream_url = url
+                return peer
+            try:
+                session = await open_session(
+                    url, bind, settings=self.settings, cafile=cfg.upstream_cafile,
+                    verify=not cfg.upstream_insecure, auth_tokens=tokens,
+                    implementation=IMPLEMENTATION, timeout=cfg.upstream_timeout)
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                if i == len(urls) - 1:
+                    raise
+                log.warning("upstream %s unreachable (%s), trying %s", url, exc, urls[i + 1])
+                continue
+            self.upstream_url = url
+            self.namespaces.upstream_connected(session)
+            log.info("connected upstream %s", url)
+            self.announcer.sync()
+            return
 
     async def _reconnect_upstream(self) -> None:
         """The upstream session was lost: open a new one (jittered backoff, attempts at
         INFO) and watch every prefix watched here again; requests meanwhile are answered
         from the cache (or DOES_NOT_EXIST), and consumers resume by themselves."""
         await UPSTREAM_BACKOFF.retry(lambda _n: self._connect_upstream(),
-                                     what=f"reconnecting upstream {self.config.upstream}",
+                                     what="reconnecting upstream "
+                                          + " or ".join(self.config.upstreams()),
                                      retry_on=(ConnectionError, OSError, TimeoutError))
         self.metrics.inc("kvcs_relay_upstream_reconnects_total")
 
@@ -289,6 +312,7 @@ class Relay:
         self.origin.sweep()
         if self.tier is not None:
             self.tier.sweep()
+        self.announcer.sync()
 
     def objects_out(self) -> tuple[int, int]:
         """(objects, payload bytes) sent to peers, over the relay's lifetime."""
@@ -331,6 +355,7 @@ class Relay:
         log.info("session %d closed (%#x %s)", peer.id, code, reason)
         self._closed_out[0] += peer.server.objects_sent
         self._closed_out[1] += peer.server.bytes_sent
+        self.link_stats.session_closed(peer)
         self.sessions.pop(peer.id, None)
         # requests it made
         for waited in list(peer.waiting.values()):
@@ -349,6 +374,7 @@ class Relay:
             self.on_status_answer(peer, fwd, None)
         # links it fed
         self.links.source_closed(peer)
+        self.announcer.sync()
         if was_upstream:
             (log.info if self.going_away else log.error)(
                 "upstream session lost (%#x %s)", code, reason)
@@ -382,12 +408,22 @@ class Relay:
         m = e.message
         kind = request_kind(m)
         rid = e.request_id
-        if peer.upstream or kind not in RELAYED_REQUESTS:
+        if kind not in RELAYED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
             self.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
                         "not supported by this relay")
             return
         if self.going_away:
             self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
+            return
+        if peer.upstream:
+            # the upstream relay asks for a track under a namespace we announced to it
+            # (kvcs.relay.announce): it authorized its own client; we chose to connect to it
+            assert isinstance(m, Subscribe | Fetch | TrackStatus)
+            if self.announcer.covers(tuple(m.namespace)):
+                self._route(peer, e, kind)
+            else:
+                self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
+                            "not announced upstream")
             return
         refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
                                        peer.open_fetches())
@@ -401,6 +437,7 @@ class Relay:
             peer.session.request_ok(rid)
             self._ok(kind)
             self.namespaces.publish(peer, rid, tuple(m.namespace))
+            self.announcer.sync()
             return
         if isinstance(m, SubscribeNamespace):
             peer.session.request_ok(rid)
@@ -420,7 +457,11 @@ class Relay:
             peer.fetches.discard(rid)
             self.links.maybe_idle(link)
             return
-        if self.namespaces.withdraw(peer, rid) or self.namespaces.unwatch(peer, rid):
+        if self.namespaces.withdraw(peer, rid):
+            self.announcer.sync()
+            return
+        if self.namespaces.unwatch(peer, rid):
+            self.announcer.sync()
             return
         peer.served.pop(rid, None)
         for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
@@ -454,6 +495,8 @@ class Relay:
         if track is None and self.tier is not None and self.tier.route(peer, e, key):
             return  # the store holds it: routed again once loaded
         source = self.namespaces.source(key[0])
+        if source is not None and source.upstream and peer.upstream:
+            source = None  # never back up where the request came from (no loops)
         if source is None:
             self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
                         "no publisher for this namespace")
@@ -562,6 +605,7 @@ class _Retention:
                 and relay.tier.store.has(track.full_name):
             return  # evicted from memory only: the store still holds it whole
         relay.namespaces.track_evicted(track, reason)
+        relay.announcer.sync()
 
     def expired(self, track: Track, objects: int) -> None:
         self.relay.metrics.inc("kvcs_relay_cache_expired_objects_total", objects)
