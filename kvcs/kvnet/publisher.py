@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kv.codecs import Buffer, codec_value, encode_component_sections
+from ..kv.codecs import Buffer, codec_record, codec_value, encode_component_sections
 from ..kv.component import Component
 from ..kv.cose import ProducerKey, sign_manifest
 from ..kv.errors import KvcsError
@@ -257,9 +257,11 @@ class KvPublisher:
             return
         per_dim = d.block_tokens * d.kv_heads * d.dtype.itemsize  # raw octets per head dim
         sizes = []
-        if o.codec == "raw":  # the larger of the K and V objects
+        # sizes known before encoding (raw: the elements as they are): the larger of the K
+        # and V objects, and the joint object
+        if codec_record(o.codec).verbatim:
             sizes.append(HEADER_SIZE + per_dim * max(d.head_dim, d.v_head_dim))
-        if o.joint_codec == "raw":
+        if o.joint_codec is not None and codec_record(o.joint_codec).verbatim:
             sizes.append(HEADER_SIZE + per_dim * (d.head_dim + d.v_head_dim))
         for size in sizes:
             if o.secure is not None:
@@ -389,7 +391,7 @@ class KvPublisher:
             seg.digests[name].append([digest for _, _, digest in made])
 
         try:
-            if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
+            if o.max_group_bytes is None or all(codec_record(c).verbatim for _, c, _ in tracks):
                 # Group sizes are known (checked exactly when the segment was added):
                 # publish each track as soon as its digests are there
                 for i, (_, _, name, _) in enumerate(encoded):
