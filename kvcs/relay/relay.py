@@ -485,6 +485,12 @@ class Relay:
             self.metrics.inc("kvcs_relay_cache_hits_total")
             self.serve(peer, e, track, None)
             return
+        if link is not None and peer.upstream and link.source.upstream:
+            # the upstream asks for what we are asking it: a loop (a namespace we announced
+            # and it routes back to us); refusing ends both requests
+            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
+                        "not held here (asked upstream)")
+            return
         if link is not None:
             if link.established:
                 self.metrics.inc("kvcs_relay_cache_hits_total")
