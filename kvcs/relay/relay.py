@@ -26,11 +26,12 @@ import logging
 from ..admission import Admission, Limits
 from ..auth import Authorizer
 from ..backoff import Backoff
-from ..endpoint import WRITE_WINDOW, open_session, serve_sessions
+from ..binding import WRITE_WINDOW, open_session, serve_sessions
 from ..errors import ConfigError
 from ..moqt import events as ev
 from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
+from ..moqt.origin import Origin
 from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
     AuthToken,
@@ -43,7 +44,6 @@ from ..moqt.wire import (
 )
 from ..transport import MoqtConnection, QuicSettings, Server, ensure_dev_certificate
 from .announce import Announcer
-from .cache import Cache
 from .config import ListenError, RelayConfig, parse_hostport
 from .links import Link, Links
 from .linkstats import LinkStats
@@ -83,8 +83,10 @@ class Relay:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
-        self.cache = Cache(config.cache_bytes, self.metrics, pinned=self._pinned,
-                           fed=self._fed, on_evict=self._on_evict)
+        self.origin: Origin[RelaySession] = Origin(config.cache_bytes, _Retention(self))
+        """What the relay serves: the tracks it holds (its cache: copies filled from
+        upstream, read from disk, kept after their publishers left) with their retention,
+        and the namespace table (:attr:`namespaces` routes by it)."""
         self.server: Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.host: str | None = None
@@ -94,7 +96,7 @@ class Relay:
         the relay uses them: :func:`kvcs.cli.start_kvsp_beside`)."""
         self.fingerprint: str | None = None
         self.sessions: dict[int, RelaySession] = {}
-        self.namespaces = Namespaces(self.cache)
+        self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
         self.link_stats = LinkStats(self)
         self.announcer = Announcer(self)
@@ -112,8 +114,8 @@ class Relay:
         m = self.metrics
         m.gauge("kvcs_relay_sessions", lambda: sum(1 for p in self.sessions.values()
                                                    if not p.upstream))
-        m.gauge("kvcs_relay_cache_bytes", lambda: self.cache.bytes)
-        m.gauge("kvcs_relay_cache_tracks", lambda: len(self.cache.tracks))
+        m.gauge("kvcs_relay_cache_bytes", lambda: self.origin.bytes)
+        m.gauge("kvcs_relay_cache_tracks", lambda: len(self.origin.tracks))
         m.gauge("kvcs_relay_upstream_subscriptions", lambda: len(self.links))
         m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
         m.gauge("kvcs_relay_objects_in_total", lambda: self.links.objects_in)
@@ -305,8 +307,9 @@ class Relay:
 
     def sweep(self) -> None:
         """Drop aged-out objects and the tracks they emptied, then enforce the byte
-        budget (:meth:`Cache.sweep`); the disk tier ages out and saves (``--store``)."""
-        self.cache.sweep()
+        budget (:meth:`Origin.sweep <kvcs.moqt.origin.Origin.sweep>`); the disk tier ages
+        out and saves (``--store``)."""
+        self.origin.sweep()
         if self.tier is not None:
             self.tier.sweep()
         self.announcer.sync()
@@ -476,11 +479,17 @@ class Relay:
         assert isinstance(m, Subscribe | Fetch | TrackStatus)
         key: FullTrackName = (tuple(m.namespace), bytes(m.name))
         rid = e.request_id
-        track = self.cache.get(key)
+        track = self.origin.get(key)
         link = self.links.get(key)
         if track is not None and track.complete:
             self.metrics.inc("kvcs_relay_cache_hits_total")
             self.serve(peer, e, track, None)
+            return
+        if link is not None and peer.upstream and link.source.upstream:
+            # the upstream asks for what we are asking it: a loop (a namespace we announced
+            # and it routes back to us); refusing ends both requests
+            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
+                        "not held here (asked upstream)")
             return
         if link is not None:
             if link.established:
@@ -570,21 +579,42 @@ class Relay:
             self.reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         peer.schedule_flush()
 
-    # ------------------------------------------------------------------ cache policy
+    @property
+    def cache(self) -> Origin[RelaySession]:
+        """The relay's cache: its origin's tracks (kept under this name for callers that
+        look at the byte budget and the cached tracks)."""
+        return self.origin
 
-    def _pinned(self, track: Track) -> bool:
-        link = self.links.feeding(track)
+
+class _Retention:
+    """The relay's retention policy for its origin: a track its upstream link feeds to
+    subscribers is followed, an evicted one ends its link and may end a kept
+    publication; every eviction, aged-out object and shed byte is counted."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def pinned(self, track: Track) -> bool:
+        link = self.relay.links.feeding(track)
         return link is not None and bool(link.downstream)
 
-    def _fed(self, track: Track) -> bool:
-        return self.links.feeding(track) is not None
+    def fed(self, track: Track) -> bool:
+        return self.relay.links.feeding(track) is not None
 
-    def _on_evict(self, track: Track, reason: str) -> None:
-        link = self.links.feeding(track)
+    def evicted(self, track: Track, reason: str) -> None:
+        relay = self.relay
+        relay.metrics.inc("kvcs_relay_cache_evictions_total", reason=reason)
+        link = relay.links.feeding(track)
         if link is not None:
-            self.links.evicted(link)
-        if reason == "bytes" and self.tier is not None \
-                and self.tier.store.has(track.full_name):
+            relay.links.evicted(link)
+        if reason == "bytes" and relay.tier is not None \
+                and relay.tier.store.has(track.full_name):
             return  # evicted from memory only: the store still holds it whole
-        self.namespaces.track_evicted(track, reason)
-        self.announcer.sync()
+        relay.namespaces.track_evicted(track, reason)
+        relay.announcer.sync()
+
+    def expired(self, track: Track, objects: int) -> None:
+        self.relay.metrics.inc("kvcs_relay_cache_expired_objects_total", objects)
+
+    def shed(self, track: Track, nbytes: int) -> None:
+        self.relay.metrics.inc("kvcs_relay_cache_shed_bytes_total", nbytes)

@@ -77,13 +77,13 @@ class DiskTier:
     def sweep(self) -> None:
         """Age out stored tracks, then start saving the next completed one."""
         for key in self.store.expire():
-            if not self.store.holds(key[0]) and self.relay.cache.get(key) is None:
+            if not self.store.holds(key[0]) and self.relay.origin.get(key) is None:
                 self.relay.namespaces.release_kept(key[0])
         self._save_next()
 
     def _candidates(self) -> list[Track]:
         by_ns: dict[tuple[bytes, ...], list[Track]] = {}
-        for t in self.relay.cache.tracks.values():
+        for t in self.relay.origin.tracks.values():
             by_ns.setdefault(t.namespace, []).append(t)
         out = []
         for tracks in by_ns.values():
@@ -154,10 +154,10 @@ class DiskTier:
             self.loaded += 1
             log.info("store: loaded %r (%d objects, %d bytes)", track.name, track.count,
                      track.bytes)
-            if self.relay.cache.get(key) is None:
-                self.relay.cache.put(track)
-                self.relay.cache.added(0)
-        elif not self.store.holds(key[0]) and not self.relay.cache.under(key[0]):
+            if self.relay.origin.get(key) is None:
+                self.relay.origin.add_track(track)
+                self.relay.origin.added(0)
+        elif not self.store.holds(key[0]) and not self.relay.origin.under(key[0]):
             self.relay.namespaces.release_kept(key[0])
         for peer, e in waiting:
             if not peer.is_closed:

@@ -9,7 +9,7 @@ import pytest
 from kvcs.endpoint import MoqtRequestError
 from kvcs.moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from kvcs.moqt.wire import MAX_CACHE_DURATION, Location, LocationFilter, ObjectStatus
-from kvcs.relay.cache import exact_payload
+from kvcs.relay.links import exact_payload
 from kvcs.testing import until
 from kvcs.transport.testing import raw_stream_id, raw_write
 
