@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
 from .admission import Admission, RequestPacer
+from .errors import SessionError
 from .moqt import events as ev
 from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
@@ -73,7 +74,7 @@ SETUP_TIMEOUT = 10.0
 """Seconds a server waits for the client's SETUP before closing the session."""
 
 
-class MoqtRequestError(Exception):
+class MoqtRequestError(SessionError):
     """A request was refused (REQUEST_ERROR) or failed; carries the draft's code."""
 
     def __init__(self, code: int, reason: str, retry_interval: int = 0) -> None:
@@ -87,11 +88,11 @@ class MoqtRequestError(Exception):
         self.retry_interval = retry_interval
 
 
-class SessionClosedError(ConnectionError):
+class SessionClosedError(SessionError, ConnectionError):
     """The MOQT session ended while a request was in progress."""
 
 
-class HandOverError(ConnectionError):
+class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 

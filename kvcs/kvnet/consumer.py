@@ -82,6 +82,7 @@ import numpy as np
 
 from ..backoff import Backoff
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
+from ..errors import SessionError
 from ..kv.assembly import (
     AssemblyStats,
     KvLayer,
@@ -1151,6 +1152,8 @@ class _Retrieval:
                     if blob is None:
                         break
                     m = self.c._check_manifest(self.pub, blob, track.signed, track.protected)
+                except SessionError:  # a KvcsError too: the session or request went (below)
+                    raise
                 except (KvcsError, ValueError) as exc:
                     log.warning("discarding manifest version: %s", exc)
                     continue
