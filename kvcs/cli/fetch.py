@@ -15,6 +15,7 @@ from .common import (
     KEYRING_HELP,
     add_index_options,
     add_relay_options,
+    check_connection_options,
     check_out,
     connect_relay,
     content_keys,
@@ -113,6 +114,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     from ..kvnet.consumer import KvConsumer, RecomputeRequired
 
     setup_logging(args)
+    check_connection_options(args)
     desc, tokens = load_inputs(args)
     scope = scope_key(args)
     layers = _parse_layers(args.layers, desc.layers)

@@ -10,6 +10,7 @@ from .base import command
 from .common import (
     KEYRING_HELP,
     add_relay_options,
+    check_connection_options,
     connect_relay,
     load_inputs,
     load_keyring,
@@ -40,6 +41,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..kvnet.manifest_track import ManifestTrack
 
     setup_logging(args)
+    check_connection_options(args)
     scope = scope_key(args)
     desc = None
     if args.descriptor:

@@ -13,6 +13,7 @@ from .common import (
     PROTECT_HELP,
     add_index_options,
     add_relay_options,
+    check_connection_options,
     connect_relay,
     content_keys,
     index_client,
@@ -21,6 +22,9 @@ from .common import (
     scope_key,
     setup_logging,
 )
+
+MAX_RETENTION_S = 365 * 86400.0
+"""Largest ``--retention``: a year (MAX_CACHE_DURATION is in milliseconds)."""
 
 
 @command("publish")
@@ -74,6 +78,12 @@ def run_publish(args: argparse.Namespace) -> int:
     from ..kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 
     setup_logging(args)
+    check_connection_options(args)
+    if not 0 < args.retention <= MAX_RETENTION_S:
+        raise UsageError(f"--retention {args.retention:g}: give the seconds relays keep the "
+                         f"publication, more than 0 and at most {MAX_RETENTION_S:g}")
+    if args.linger is not None and args.linger < 0:
+        raise UsageError(f"--linger {args.linger:g}: must be 0 or more seconds")
     desc, tokens = load_inputs(args)
     scope = scope_key(args)
     args.protect = args.protect or args.protect_in_band
