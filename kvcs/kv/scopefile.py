@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .cose import Keyring, ProducerKey
 from .errors import DescriptorError
 from .ids import ScopeKey
@@ -73,7 +74,7 @@ def trust_level(protected: bool, signed: bool) -> str:
 PathLike = str | os.PathLike[str]
 
 
-class ScopeFileError(ValueError):
+class ScopeFileError(ConfigError):
     """A scope file is missing, unreadable or malformed (one-line message)."""
 
 
