@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .admission import RequestPacer
+from .errors import SessionError
 from .moqt import events as ev
 from .moqt.errors import RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice
@@ -36,7 +37,7 @@ SETUP_TIMEOUT = 10.0
 """Seconds a server waits for the client's SETUP before closing the session."""
 
 
-class MoqtRequestError(Exception):
+class MoqtRequestError(SessionError):
     """A request was refused (REQUEST_ERROR) or failed; carries the draft's code."""
 
     def __init__(self, code: int, reason: str, retry_interval: int = 0) -> None:
@@ -50,7 +51,7 @@ class MoqtRequestError(Exception):
         self.retry_interval = retry_interval
 
 
-class SessionClosedError(ConnectionError):
+class SessionClosedError(SessionError, ConnectionError):
     """The MOQT session ended while a request was in progress."""
 
 
