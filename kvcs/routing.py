@@ -81,11 +81,11 @@ class Router(Generic[S]):
                 return
         if isinstance(m, PublishNamespace):
             session.session.request_ok(rid)
-            self.answered(kind)
+            self.answered(session, rid, kind)
             self.published(session, rid, tuple(m.namespace))
         elif isinstance(m, SubscribeNamespace):
             session.session.request_ok(rid)
-            self.answered(kind)
+            self.answered(session, rid, kind)
             self.watched(session, rid, tuple(m.namespace_prefix))
         else:
             self.route_track(session, e)
@@ -124,8 +124,9 @@ class Router(Generic[S]):
         """Close a session whose request broke a rule that ends it."""
         session.close(code, reason)
 
-    def answered(self, kind: str, result: str = "ok") -> None:
-        """A request of ``kind`` was answered (``ok``, ``rejected``); default: nothing."""
+    def answered(self, session: S, request_id: int, kind: str, result: str = "ok") -> None:
+        """Request ``request_id`` (of ``kind``) was answered (``ok``, ``rejected``);
+        default: nothing."""
 
     def holds(self, track: Track) -> bool:
         """True if ``track`` answers requests as it is (an application's track; a relay:
@@ -136,10 +137,8 @@ class Router(Generic[S]):
         """Serve SUBSCRIBE / FETCH / TRACK_STATUS ``e`` from ``track``."""
         m = e.message
         assert isinstance(m, Subscribe | Fetch | TrackStatus)
-        if session.server.serve(e.request_id, m, track):
-            self.answered(request_kind(m))
-        else:
-            self.answered(request_kind(m), "rejected")
+        ok = session.server.serve(e.request_id, m, track)
+        self.answered(session, e.request_id, request_kind(m), "ok" if ok else "rejected")
 
     def resolve(self, session: S, e: ev.RequestReceived, key: FullTrackName,
                 track: Track | None) -> None:

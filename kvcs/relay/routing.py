@@ -9,7 +9,7 @@ hit); any other is resolved: the link already open for it (served once it is est
 else the request waits), the disk tier, or the source (the session publishing the
 longest prefix, else the upstream relay): a TRACK_STATUS is forwarded to it, a SUBSCRIBE
 or FETCH opens ONE upstream subscription (:mod:`kvcs.relay.links`). Every answer is
-counted (``kvcs_relay_requests_total``).
+counted and timed (``kvcs_relay_requests_total``, ``kvcs_relay_request_seconds``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class RelayRouter(Router[RelaySession]):
     def accepts(self, peer: RelaySession, e: ev.RequestReceived, kind: str) -> bool:
         relay = self.relay
         rid = e.request_id
+        relay.metrics.request_started((peer.id, rid))
         if kind not in ROUTED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
             relay.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
                          "not supported by this relay")
@@ -64,8 +65,9 @@ class RelayRouter(Router[RelaySession]):
     def close(self, peer: RelaySession, code: int, reason: str) -> None:
         self.relay.close_session(peer, code, reason)
 
-    def answered(self, kind: str, result: str = "ok") -> None:
-        self.relay.metrics.inc("kvcs_relay_requests_total", type=kind, result=result)
+    def answered(self, peer: RelaySession, request_id: int, kind: str,
+                 result: str = "ok") -> None:
+        self.relay.metrics.request_answered((peer.id, request_id), kind, result)
 
     def holds(self, track: Track) -> bool:
         return track.complete  # a copy still being filled is resolved (its link)
