@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from .admission import RequestPacer
+from .errors import SessionError
 from .moqt import events as ev
 from .moqt.errors import RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice
@@ -36,7 +37,7 @@ SETUP_TIMEOUT = 10.0
 """Seconds a server waits for the client's SETUP before closing the session."""
 
 
-class MoqtRequestError(Exception):
+class MoqtRequestError(SessionError):
     """A request was refused (REQUEST_ERROR) or failed; carries the draft's code."""
 
     def __init__(self, code: int, reason: str, retry_interval: int = 0) -> None:
@@ -50,7 +51,7 @@ class MoqtRequestError(Exception):
         self.retry_interval = retry_interval
 
 
-class SessionClosedError(ConnectionError):
+class SessionClosedError(SessionError, ConnectionError):
     """The MOQT session ended while a request was in progress."""
 
 
@@ -196,9 +197,14 @@ class BoundSession:
 
     def _stop_waiting(self, request_id: int) -> None:
         """The digest 4.11 timer of a PUBLISH_DONE whose streams are missing expired."""
-        if not self.is_closed:
-            self.session.stop_waiting_for_streams(request_id)
-            self._dispatch()
+        if self.is_closed:
+            return
+        if self.session.stop_waiting_for_streams(request_id):
+            # a stream of it is still receiving: the timer is for streams never seen
+            asyncio.get_running_loop().call_later(
+                self.session.config.publish_done_wait_s, self._stop_waiting, request_id)
+            return
+        self._dispatch()
 
     def _paced(self, e: ev.RequestReceived) -> None:
         """Request ``e``'s turn has come (:attr:`pacer`)."""

@@ -41,6 +41,7 @@ from .binding import (
     send_namespace_notices,
     serve_sessions,
 )
+from .errors import SessionError
 from .moqt import events as ev
 from .moqt.errors import PublishDoneCode, RequestErrorCode
 from .moqt.origin import Origin
@@ -75,7 +76,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class HandOverError(ConnectionError):
+class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 

@@ -216,13 +216,50 @@ def scope_file_keys(args: argparse.Namespace) -> Any:
     return scope.secure_objects() if scope.content_keys else None
 
 
+def _scope_file(args: argparse.Namespace) -> Any:
+    """``--scope-key`` as a scope file (None: none given, or a plain scope key file)."""
+    from ..kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        return None
+    try:
+        return load_scope_file(args.scope_key)
+    except (ScopeFileError, OSError, ValueError):
+        return None  # scope_key() reports what is wrong with it
+
+
+def scope_producer_key(args: argparse.Namespace) -> Any:
+    """The producer signing key the ``--scope-key`` scope file names (`kvcs keygen` makes
+    one), or None; a named key that does not load is a one-line usage error."""
+    from ..kv.scopefile import ScopeFileError
+
+    scope = _scope_file(args)
+    try:
+        return scope.producer_key() if scope is not None else None
+    except ScopeFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def print_trust(protected: bool, signed: bool) -> None:
+    """The trust level line of publish, fetch and inspect (docs/security.md)."""
+    from ..kv.scopefile import trust_level
+
+    print(f"trust: {trust_level(protected, signed)} (docs/security.md)", flush=True)
+
+
 def load_keyring(args: argparse.Namespace) -> Any:
-    """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
+    """The ``--keyring``, else the keyring the ``--scope-key`` scope file names (None
+    without either); a bad file is a one-line usage error."""
     from ..kv.cose import Keyring
     from ..kv.errors import KvcsError
+    from ..kv.scopefile import ScopeFileError
 
     if not args.keyring:
-        return None
+        scope = _scope_file(args)
+        try:
+            return scope.keyring() if scope is not None else None
+        except ScopeFileError as exc:
+            raise UsageError(str(exc)) from None
     try:
         return Keyring.load(args.keyring)
     except OSError as exc:

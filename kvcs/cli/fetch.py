@@ -23,6 +23,7 @@ from .common import (
     kvsp_client,
     load_inputs,
     load_keyring,
+    print_trust,
     progress,
     scope_key,
     setup_logging,
@@ -157,6 +158,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                        hex_namespace=args.hex_namespace, http=client, index=index,
                        discovery=args.discovery, connect=connect, codec=codecs,
                        recompute_budget_s=args.recompute_budget, secure=secure)
+        print_trust(secure is not None, c.require_signed)
         try:
             pub = await c.discover()
             if pub is None and client is None:

@@ -14,6 +14,7 @@ from .common import (
     connect_relay,
     load_inputs,
     load_keyring,
+    print_trust,
     scope_file_keys,
     scope_key,
     setup_logging,
@@ -63,6 +64,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                     found.append(change[1])
             await watch.cancel()
             print(f"{len(found)} publication(s) under scope {sid.hex()}")
+            print_trust(secure is not None, keyring is not None)
             for ns in found:
                 try:
                     kns = KvcsNamespace.from_fields(ns, hex_fields=hexf)

@@ -18,8 +18,10 @@ from .common import (
     content_keys,
     index_client,
     load_inputs,
+    print_trust,
     progress,
     scope_key,
+    scope_producer_key,
     setup_logging,
 )
 
@@ -117,6 +119,8 @@ def run_publish(args: argparse.Namespace) -> int:
             key = ProducerKey.load(args.producer_key, args.kid)
         except (OSError, ValueError) as exc:
             raise UsageError(f"producer key: {exc}") from None
+    else:  # the one `kvcs keygen` made beside the scope file
+        key = scope_producer_key(args)
 
     hand_over = None if args.no_hand_over else args.hand_over_timeout
     if hand_over is not None and hand_over <= 0:
@@ -134,6 +138,7 @@ def run_publish(args: argparse.Namespace) -> int:
             except PublicationError as exc:
                 raise UsageError(str(exc)) from None
             await pub.start()
+            print_trust(secure is not None, key is not None)
             print(f"publication {pub.publication_id.hex()} ({pub.blocks()} blocks, "
                   f"{desc.layers} layers)", flush=True)
             if index is not None:

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ConfigError
 from .errors import DescriptorError
 from .ids import CompatDescriptor
 
 PathLike = str | os.PathLike[str]
 
 
-class FileFormatError(ValueError):
+class FileFormatError(ConfigError):
     """A file is missing, unreadable or not in the expected format."""
 
 

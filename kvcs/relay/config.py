@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, KvcsError
 
 
-class ListenError(OSError):
+class ListenError(KvcsError, OSError):
     """A listening socket could not be opened; the message names the address and what
     it was for (``kvcs relay`` prints it as one line)."""
 

@@ -35,6 +35,7 @@ from kvcs.moqt.actions import (
     StopSending,
 )
 
+from ..errors import KvcsError
 from .certs import fingerprint_sha256
 from .config import ALPN_H3, ALPN_MOQT, QuicSettings
 from .interfaces import (
@@ -68,7 +69,7 @@ CLOSE_WEBTRANSPORT_SESSION capsule before closing it ourselves."""
 _ping_ids = itertools.count(1)
 
 
-class DatagramSizeFellBack(ConnectionError):
+class DatagramSizeFellBack(KvcsError, ConnectionError):
     """The handshake completed only after the QUIC library cut the connection's datagram
     size for good: :mod:`.client` dials once more."""
 
