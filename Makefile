@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-vllm demo demo-vllm demo-synthetic test faults test-slow lint bench clean
+.PHONY: install install-vllm demo demo-vllm demo-synthetic test test-fast faults test-slow lint bench clean
 
 # setup.py builds the compiled q8 kernels: a change to them reinstalls too.
 $(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
@@ -61,6 +61,14 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not faults and not slow"
 	KVCS_QUIC_BACKEND=aioquic $(PY) -m pytest -q -m "not interop" $(NET_TESTS)
+
+# The contributor's loop: wire, sans-IO session, kv and layer tests (about 1,150 tests,
+# about 25 s of CPU on 2 cores); no QUIC session suites, no model.
+FAST_TESTS := tests/wire tests/session tests/kv tests/test_layers.py tests/test_api.py \
+	--ignore=tests/session/test_quic.py --ignore=tests/session/test_setup_timeout.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(FAST_TESTS)
 
 # Every fault-injection scenario (tests/faults: loss, reordering, duplication, corruption,
 # blackholes on every hop; relays and publishers SIGKILLed; malformed input from each

@@ -16,33 +16,70 @@ The public API::
   request, with the draft's code), :class:`SessionClosedError`, :class:`ProtocolError` (a
   peer broke MOQT), :class:`ConfigError` (a bad setting or file).
 
-Importing kvcs loads no QUIC library, torch or HTTP client; the subpackages (``kvcs.moqt``
+Importing kvcs loads each name's module when the name is first used, and no QUIC library,
+torch, ml_dtypes or HTTP client until they are needed; the subpackages (``kvcs.moqt``
 sans-IO codec and session, ``kvcs.kv`` pure KV model, ``kvcs.transport``, ``kvcs.relay``,
 ``kvcs.kvnet``, ``kvcs.integrations.hf``) hold the rest. docs/architecture.md draws them.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from .endpoint import Endpoint, MoqtRequestError, SessionClosedError
-from .errors import ConfigError
-from .hosting import TrackHost
-from .kv import CompatDescriptor, Keyring, KvcsError, ScopeKey, VerificationError
-from .kvnet import (
-    KvConsumer,
-    KvPublisher,
-    PublicationError,
-    PublisherOptions,
-    RecomputeRequired,
-    ReconnectingTarget,
-)
-from .moqt.errors import ProtocolError
-from .relay import Relay, RelayConfig
-from .transport import QuicSettings
+import importlib
+from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("kvcs")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
+if TYPE_CHECKING:
+    from .endpoint import Endpoint, MoqtRequestError, SessionClosedError
+    from .errors import ConfigError
+    from .hosting import TrackHost
+    from .kv import CompatDescriptor, Keyring, KvcsError, ScopeKey, VerificationError
+    from .kvnet import (
+        KvConsumer,
+        KvPublisher,
+        PublicationError,
+        PublisherOptions,
+        RecomputeRequired,
+        ReconnectingTarget,
+    )
+    from .moqt.errors import ProtocolError
+    from .relay import Relay, RelayConfig
+    from .transport import QuicSettings
+
+# Each name is imported from its module when first used (PEP 562): `import kvcs` alone loads
+# nothing else, so `kvcs --help` or a process using one layer does not pay for numpy, asyncio
+# and every layer (~0.3 s of CPU on the 2-core machine) before it needs them.
+_HOMES = {
+    "Endpoint": ".endpoint", "MoqtRequestError": ".endpoint", "SessionClosedError": ".endpoint",
+    "ConfigError": ".errors",
+    "TrackHost": ".hosting",
+    "CompatDescriptor": ".kv", "Keyring": ".kv", "KvcsError": ".kv", "ScopeKey": ".kv",
+    "VerificationError": ".kv",
+    "KvConsumer": ".kvnet", "KvPublisher": ".kvnet", "PublicationError": ".kvnet",
+    "PublisherOptions": ".kvnet", "RecomputeRequired": ".kvnet", "ReconnectingTarget": ".kvnet",
+    "ProtocolError": ".moqt.errors",
+    "Relay": ".relay", "RelayConfig": ".relay",
+    "QuicSettings": ".transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home, __name__), name)
+        globals()[name] = value  # the next lookup is a plain module attribute
+        return value
+    if name == "__version__":  # importlib.metadata is ~18 ms: read the version when asked
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("kvcs")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            return "0+unknown"
+    raise AttributeError(f"module 'kvcs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "CompatDescriptor",

@@ -37,7 +37,7 @@ from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import NamespaceNotice, Origin
 from .moqt.serving import TrackServer
 from .moqt.session import Session, SessionConfig
-from .moqt.track import CachedObject, FullTrackName, Track
+from .moqt.track import Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
@@ -46,7 +46,6 @@ from .moqt.wire import (
     GroupOrder,
     Location,
     LocationFilter,
-    ObjectStatus,
     Parameters,
     Properties,
     PublishDone,
@@ -62,6 +61,7 @@ from .moqt.wire import (
     TrackStatus,
     namespace_has_prefix,
 )
+from .publishing import OriginPublisher
 from .transport import ConnectionInfo, MoqtConnection, QuicSettings, Server, connect, serve
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,7 @@ class BoundSession:
         self.server = TrackServer(
             self.session, on_request_ended=self.served_request_ended,
             backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
-            max_backlog=max_backlog or 0)
+            max_backlog=max_backlog or 0, wake=conn.flush_soon)
         """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
         ``max_backlog``, a live subscriber that lets more bytes than that queue up is
         ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
@@ -504,7 +504,7 @@ async def open_session(
     return bound
 
 
-class Endpoint(BoundSession):
+class Endpoint(OriginPublisher, BoundSession):
     """One MOQT session with asyncio APIs. Create with :meth:`connect` or a server.
 
     It serves its :attr:`origin` (tracks and namespaces) to the peer; a
@@ -561,11 +561,6 @@ class Endpoint(BoundSession):
         return self.session.peer_setup.max_filter_ranges if self.session.peer_setup else 0
 
     @property
-    def tracks(self) -> dict[FullTrackName, Track]:
-        """The tracks this endpoint serves (its origin's)."""
-        return self.origin.tracks
-
-    @property
     def namespace_watches(self) -> dict[int, TrackNamespace]:
         """The peer's open SUBSCRIBE_NAMESPACE requests: Request ID -> prefix."""
         return self.origin.watches(self)
@@ -590,30 +585,7 @@ class Endpoint(BoundSession):
             raise
 
     # ----------------------------------------------------------------- publishing
-
-    def create_track(self, namespace: TrackNamespace, name: bytes,
-                     properties: Properties = ()) -> Track:
-        """Create (or return) a local track that this endpoint serves to its peer."""
-        return self.origin.create_track(namespace, name, properties)
-
-    def add_track(self, track: Track) -> None:
-        """Serve an existing track (e.g. one shared by several endpoints)."""
-        self.origin.add_track(track)
-
-    def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
-                *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
-                subgroup_id: int = 0, properties: Properties = ()) -> None:
-        """Add one object to a local track; live subscribers get it at once."""
-        track.append(group_id, object_id, payload, status=status, priority=priority,
-                     subgroup_id=subgroup_id, properties=properties)
-        self.schedule_flush()
-
-    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
-        """Add objects to a local track in order (see :meth:`Track.extend`): live
-        subscribers get them at once, with one forwarding call chain per run instead of
-        one per object (a KV layer is one run)."""
-        track.extend(objects)
-        self.schedule_flush()
+    # create_track, add_track, publish, publish_run: OriginPublisher
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """PUBLISH_NAMESPACE and wait for REQUEST_OK (raises MoqtRequestError); the peer's

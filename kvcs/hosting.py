@@ -13,19 +13,18 @@ concurrent FETCHes (REQUEST_ERROR EXCESSIVE_LOAD with a Retry Interval), and, gi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from typing import Any
 
 from .admission import Admission, Limits
 from .auth import Authorizer
 from .endpoint import Endpoint, send_namespace_notices, serve_endpoints
 from .moqt.origin import Origin
-from .moqt.track import CachedObject, FullTrackName, Track
-from .moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
+from .moqt.wire import Parameters, TrackNamespace
+from .publishing import OriginPublisher
 from .transport import QuicSettings, Server
 
 
-class TrackHost:
+class TrackHost(OriginPublisher):
     """Local tracks served by a MOQT server to all its sessions.
 
     ``authorizer``: the tokens a request needs (default: none needed); ``limits``: per
@@ -38,11 +37,6 @@ class TrackHost:
         self.endpoints: list[Endpoint] = []
         self.server: Server | None = None
         self.admission = Admission(authorizer or Authorizer(anonymous=True), limits)
-
-    @property
-    def tracks(self) -> dict[FullTrackName, Track]:
-        """The tracks every session serves."""
-        return self.origin.tracks
 
     async def listen(self, host: str, port: int, *, certfile: str, keyfile: str | None = None,
                      settings: QuicSettings | None = None, **kw: Any) -> Server:
@@ -61,26 +55,8 @@ class TrackHost:
         if ep in self.endpoints:
             self.endpoints.remove(ep)
 
-    def create_track(self, namespace: TrackNamespace, name: bytes,
-                     properties: Properties = ()) -> Track:
-        """Create (or return) a local origin track."""
-        return self.origin.create_track(namespace, name, properties)
-
-    def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
-                *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
-                subgroup_id: int = 0, properties: Properties = ()) -> None:
-        """Add one object; every live subscriber on every session gets it."""
-        track.append(group_id, object_id, payload, status=status, priority=priority,
-                     subgroup_id=subgroup_id, properties=properties)
-        for ep in self.endpoints:
-            ep.schedule_flush()
-
-    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
-        """Add objects in order (see :meth:`Track.extend`); every live subscriber on every
-        session gets them, with one forwarding call chain per run."""
-        track.extend(objects)
-        for ep in self.endpoints:
-            ep.schedule_flush()
+    # create_track, publish, publish_run: OriginPublisher (every live subscriber on
+    # every session gets what is added)
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """Make a namespace visible to SUBSCRIBE_NAMESPACE on every session."""

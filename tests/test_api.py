@@ -37,3 +37,28 @@ def test_import_kvcs_stays_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == ""
+
+
+def _heavy_modules_after(statement: str) -> list[str]:
+    """The heavy modules a fresh interpreter has loaded after running ``statement``."""
+    code = (f"import sys\n{statement}\n"
+            "print(','.join(m for m in ('ml_dtypes', 'torch', 'transformers', 'qh3', "
+            "'aioquic', 'aiohttp') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
+    return [m for m in out[-1].split(",") if m] if out else []
+
+
+def test_import_and_help_load_no_ml_dtypes_torch_or_transformers() -> None:
+    """``import kvcs``, the whole curated API and ``kvcs --help`` load neither ml_dtypes
+    (~0.45 s of CPU on the 2-core machine) nor torch/transformers: they load when a tensor
+    is made or the hf integration is used."""
+    assert _heavy_modules_after("import kvcs") == []
+    assert _heavy_modules_after("from kvcs import *") == []
+    help_ = ("import contextlib, io\nfrom kvcs.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+             "    main(['--help'])")
+    assert _heavy_modules_after(help_) == []
+    # ...and the dtypes still work when asked for
+    assert _heavy_modules_after("from kvcs.kv.dtypes import dtype_for\n"
+                                "dtype_for('bfloat16')") == ["ml_dtypes"]

@@ -108,3 +108,46 @@ def test_the_checker_sees_relative_and_nested_imports() -> None:
             "def f():\n    import asyncio.tasks\n    from .. import transport\n")
     found = imported_modules(ROOT / "kv" / "probe.py", text)  # as if it were kvcs.kv.probe
     assert {"kvcs.endpoint", "asyncio.tasks", "kvcs.transport"} <= found
+
+
+_CONTAINERS = {"dict", "list", "set", "deque", "tuple", "OrderedDict", "defaultdict"}
+
+
+def _holds_tracks(annotation: ast.expr) -> bool:
+    """True if an annotation is a container whose elements are (or include) Tracks."""
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Subscript):
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            if name in _CONTAINERS and any(isinstance(n, ast.Name) and n.id == "Track"
+                                           for n in ast.walk(node.slice)):
+                return True
+    return False
+
+
+def test_the_relay_keeps_no_tracks_outside_its_origin() -> None:
+    """The relay's cache is its origin's tracks: no relay object keeps a collection of
+    tracks of its own (a link or a request may point at one track), and the relay makes
+    one Origin."""
+    stores, origins = [], []
+    for path in sorted((ROOT / "relay").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                fields = [n for n in node.body if isinstance(n, ast.AnnAssign)]
+                stores += [f"{path.name}: {node.name}.{ast.unparse(f.target)}"
+                           for f in fields if _holds_tracks(f.annotation)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Attribute) \
+                    and _holds_tracks(node.annotation):
+                stores.append(f"{path.name}: {ast.unparse(node.target)}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Origin":
+                origins.append(path.name)
+    assert stores == []
+    assert origins == ["relay.py"]
+
+
+def test_the_track_store_check_sees_containers_of_tracks() -> None:
+    assert _holds_tracks(ast.parse("dict[FullTrackName, Track]", mode="eval").body)
+    assert _holds_tracks(ast.parse("list[tuple[int, Track]]", mode="eval").body)
+    assert not _holds_tracks(ast.parse("Track | None", mode="eval").body)
+    assert not _holds_tracks(ast.parse("dict[FullTrackName, Link]", mode="eval").body)

@@ -9,11 +9,15 @@ line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from .base import COMMANDS, UsageError
 from .relay import relay_config, start_kvsp_beside
+
+_COMMAND_MODULES = ("keys", "descriptor", "publish", "fetch", "kvsp_serve", "inspect")
+"""The modules of the subcommands, in help order (``relay`` comes first: imported above)."""
 
 __all__ = ["UsageError", "build_parser", "main", "relay_config", "start_kvsp_beside"]
 
@@ -21,7 +25,8 @@ __all__ = ["UsageError", "build_parser", "main", "relay_config", "start_kvsp_bes
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
     from .. import __version__
-    from . import keys, kv, relay  # noqa: F401  (they register their commands)
+    for name in _COMMAND_MODULES:  # importing a module registers its commands
+        importlib.import_module(f"{__name__}.{name}")
 
     parser = argparse.ArgumentParser(prog="kvcs", description="Stream LLM KV caches over MOQT")
     parser.add_argument("--version", action="version", version=f"kvcs {__version__}")

@@ -26,8 +26,9 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--tls-key", metavar="PEM", help="private key (PEM)")
     p.add_argument("--cert-dir", metavar="DIR",
                    help="where the self-signed dev certificate goes (default certs/)")
-    p.add_argument("--upstream", metavar="URL",
-                   help="moqt:// or https:// URL of an upstream relay")
+    p.add_argument("--upstream", metavar="URL", action="append",
+                   help="moqt:// or https:// URL of an upstream relay; repeat it to list "
+                        "several, tried in order (the first that answers is used)")
     p.add_argument("--upstream-cafile", metavar="PEM", help="CA/cert to verify the upstream")
     p.add_argument("--upstream-insecure", action="store_true", default=None,
                    help="do not verify the upstream certificate (testing only)")
@@ -69,6 +70,12 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--kvsp-listen", metavar="HOST:PORT",
                    help="TCP address of that HTTPS server (default: the relay's address and "
                         "port number)")
+    p.add_argument("--store", metavar="DIR",
+                   help="keep completed publications in this directory and serve them "
+                        "again after a restart (docs/relay.md, Disk tier)")
+    p.add_argument("--store-bytes", metavar="SIZE",
+                   help="byte budget of --store, least recently used first out "
+                        "(default 10GiB)")
     p.set_defaults(func=run_relay)
     return p
 
@@ -79,7 +86,7 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
                "max_fetches_per_session",
                "max_requests_per_session", "request_rate", "request_burst", "max_sessions",
                "accept_rate", "max_session_backlog", "upstream_linger", "kvsp_store",
-               "kvsp_listen")
+               "kvsp_listen", "store", "store_bytes")
 
 
 def relay_config(args: argparse.Namespace) -> Any:
@@ -144,7 +151,8 @@ def run_relay(args: argparse.Namespace) -> int:
         except ListenError as exc:
             raise UsageError(str(exc)) from None
         except ConnectionError as exc:
-            raise UsageError(f"cannot connect upstream {cfg.upstream}: {exc}") from None
+            raise UsageError("cannot connect upstream "
+                             f"{' or '.join(cfg.upstreams())}: {exc}") from None
         except OSError as exc:  # e.g. the certificate directory
             raise UsageError(str(exc)) from None
         if cfg.kvsp_store:
@@ -155,6 +163,8 @@ def run_relay(args: argparse.Namespace) -> int:
                 raise UsageError(str(exc)) from None
         print(f"kvcs relay listening on {cfg.listen.rpartition(':')[0]}:{relay.port} "
               f"(moqt-22 over QUIC and WebTransport, QUIC library {backend})", flush=True)
+        if relay.upstream_url:
+            print(f"upstream: {relay.upstream_url}", flush=True)
         if relay.fingerprint:
             print(f"self-signed certificate SHA-256 fingerprint: {relay.fingerprint}",
                   flush=True)

@@ -11,6 +11,8 @@ publisher, the consumer and KVSP over HTTP, which move these bytes over the netw
 from .assembly import AssemblyStats, KvLayer, LayerAssembler, Outcome, select_tracks
 from .codecs import (
     CODECS,
+    Codec,
+    codec_record,
     decode_component,
     decode_kv,
     decode_section,
@@ -72,6 +74,7 @@ __all__ = [
     "HEADER_SIZE",
     "AssemblyStats",
     "CipherSuite",
+    "Codec",
     "CodecError",
     "CompatDescriptor",
     "Component",
@@ -109,6 +112,7 @@ __all__ = [
     "canonical_bytes",
     "check_namespace",
     "check_protection",
+    "codec_record",
     "compat_id",
     "data_digest",
     "decode_component",

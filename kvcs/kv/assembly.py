@@ -44,10 +44,9 @@ from ..moqt.wire import Properties
 from .codecs import (
     CODECS,
     Buffer,
-    codec_value,
+    codec_record,
     decode_component_into,
     encode_component,
-    zstd_available,
 )
 from .component import Component
 from .container import decode_container, read_container
@@ -71,7 +70,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_RAW = codec_value("raw")
 
 
 LayerArrays = tuple[np.ndarray, np.ndarray]
@@ -155,7 +153,7 @@ class Outcome(Enum):
 def codec_implemented(codec: str) -> bool:
     """True if this build can decode ``codec`` (a registered name; ``zstd`` needs the
     ``zstandard`` package)."""
-    return codec in CODECS and (codec != "zstd" or zstd_available())
+    return codec in CODECS and codec_record(codec).available()
 
 
 def select_tracks(segment: Segment, codecs: str | Sequence[str]) -> dict[Component, TrackName]:
@@ -319,7 +317,7 @@ class LayerAssembler:
         self.key_wait_s = key_wait_s
         self.stats = stats if stats is not None else AssemblyStats()
         self._clock = clock
-        self._codecs = {kind: codec_value(t.codec or "") for kind, t in self.tracks.items()}
+        self._codecs = {kind: codec_record(t.codec or "") for kind, t in self.tracks.items()}
         self._names = {kind: t.format().encode() for kind, t in self.tracks.items()}
         self._held: dict[tuple[Component, int, int], _Held] = {}
         self._given_up: set[int] = set()  # Key IDs whose objects waited in vain
@@ -456,7 +454,7 @@ class LayerAssembler:
                              data_sha256=data_sha256)
         if hdr.component != kind.field:
             raise VerificationError(f"component {hdr.component} on the {kind.value} track")
-        if hdr.token_count != self._block_tokens or hdr.codec != codec:
+        if hdr.token_count != self._block_tokens or hdr.codec != codec.value:
             raise VerificationError("token count or codec differs from the manifest")
         expected = (self.first_block + block) * self._block_tokens
         if hdr.token_start != expected:
@@ -561,7 +559,7 @@ class LayerAssembler:
         ``kv.raw``; for another codec, of the rows encoded again (``q8`` is deterministic;
         a ``zstd`` digest matches when this zstandard writes the publisher's frame)."""
         codec = self._codecs[kind]
-        if codec == _RAW and kind is Component.KV:
+        if codec.verbatim and kind is Component.KV:
             return layer_digest
         return hashlib.sha256(encode_component(kind, codec, k, v)).digest()
 

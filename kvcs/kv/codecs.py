@@ -13,12 +13,13 @@ compiler is present) for float32, float16 and bfloat16, and otherwise in numpy
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .component import Component
@@ -34,7 +35,9 @@ __all__ = [
     "CODECS",
     "CODEC_NAMES",
     "Buffer",
+    "Codec",
     "codec_name",
+    "codec_record",
     "codec_value",
     "decode_component",
     "decode_component_into",
@@ -53,31 +56,11 @@ __all__ = [
     "zstd_available",
 ]
 
-#: Codec name -> 16-bit registry value.
-CODECS: dict[str, int] = {"raw": 1, "q8": 2, "zstd": 3}
-#: Registry value -> codec name.
-CODEC_NAMES: dict[int, str] = {v: k for k, v in CODECS.items()}
-
 #: Bytes-like values accepted and returned by the codecs.
 Buffer = bytes | bytearray | memoryview
 
 _ZSTD_LEVEL = 3
 _U32 = struct.Struct(">I")
-
-
-def codec_value(codec: str | int) -> int:
-    """Registry value of a codec given by name or value; UnsupportedCodecError if unknown."""
-    if isinstance(codec, str):
-        if codec in CODECS:
-            return CODECS[codec]
-    elif isinstance(codec, int) and not isinstance(codec, bool) and codec in CODEC_NAMES:
-        return codec
-    raise UnsupportedCodecError(f"codec {codec!r} is not implemented (known: raw, q8, zstd)")
-
-
-def codec_name(codec: str | int) -> str:
-    """Registry name of a codec given by name or value."""
-    return CODEC_NAMES[codec_value(codec)]
 
 
 def _zstd() -> Any:
@@ -157,11 +140,15 @@ _Q8_SCALE_RANGE = (
     "q8 cannot encode this block: max|x|/127 exceeds the float16 scale range (65504)"
 )
 #: Element kinds of the compiled kernels (kvcs/kv/_q8.c) and the integer view they read.
-_Q8_KINDS: dict[np.dtype, tuple[int, type[np.unsignedinteger]]] = {
-    np.dtype("<f4"): (0, np.uint32),
-    np.dtype("<f2"): (1, np.uint16),
-    np.dtype(ml_dtypes.bfloat16): (2, np.uint16),
-}
+@functools.cache
+def _q8_kinds() -> dict[np.dtype, tuple[int, type[np.unsignedinteger]]]:
+    return {  # built on first use: bfloat16 comes from ml_dtypes (imported lazily)
+        np.dtype("<f4"): (0, np.uint32),
+        np.dtype("<f2"): (1, np.uint16),
+        dtype_for("bfloat16"): (2, np.uint16),
+    }
+
+
 #: Status codes of ``_q8.encode`` -> the ValueError raised.
 _Q8_ENCODE_ERRORS = {1: _Q8_NONFINITE, 2: _Q8_SCALE_RANGE}
 _Q8_MINUS_128 = "q8 value -128 is outside -127..127"
@@ -207,6 +194,8 @@ def _q8_decode_reference(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]
     if dt.itemsize < 4:
         # The float16 scale can round up so that 127*scale exceeds the dtype's range (e.g.
         # -65504 in float16 decodes as -65532): saturate instead of producing inf/NaN.
+        import ml_dtypes  # loaded already: dt is one of its types or float16
+
         limit = np.float32(ml_dtypes.finfo(dt).max)
         np.clip(out, -limit, limit, out=out)
     return out.astype(dt)
@@ -214,7 +203,7 @@ def _q8_decode_reference(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]
 
 def _q8_encode_blocks(layer: np.ndarray, blocks: int) -> list[bytes]:
     """q8 sections of ``blocks`` equal blocks of a C-contiguous little-endian layer."""
-    kernel = _Q8_KINDS.get(layer.dtype) if _q8_kernels is not None else None
+    kernel = _q8_kinds().get(layer.dtype) if _q8_kernels is not None else None
     t, h, d = layer.shape
     if kernel is None or layer.size == 0:  # no compiled kernels, float8, or an empty array
         n = t // blocks if blocks else 0
@@ -232,7 +221,7 @@ def _q8_decode_blocks(sections: Sequence[Buffer], out: np.ndarray) -> None:
     """Decode q8 ``sections`` into equal consecutive blocks of ``out`` (t, h, d)."""
     t, h, d = out.shape
     n = t // len(sections)
-    kernel = _Q8_KINDS.get(out.dtype) if _q8_kernels is not None else None
+    kernel = _q8_kinds().get(out.dtype) if _q8_kernels is not None else None
     # float8, or a strided or unaligned view: decode each block, then copy it into place
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         dt = _check_block(out)
@@ -268,26 +257,139 @@ def _zstd_decompress(data: Buffer, expected: int) -> bytes:
     return out
 
 
-def encode_section(codec: str | int, block: np.ndarray) -> bytes | memoryview:
+def _raw_encode(block: np.ndarray) -> memoryview:
+    return block.reshape(-1).view(np.uint8).data
+
+
+def _raw_decode(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.ndarray:
+    b, h, d = shape
+    raw_len = b * h * d * dt.itemsize
+    if len(data) != raw_len:
+        raise CodecError(f"raw section is {len(data)} octets, expected {raw_len}")
+    return np.frombuffer(data, dtype=dt).reshape(b, h, d)
+
+
+def _q8_encode(block: np.ndarray) -> bytes:
+    return _q8_encode_blocks(block, 1)[0]
+
+
+def _q8_decode(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.ndarray:
+    out = np.empty(shape, dtype=dt)
+    _q8_decode_blocks((data,), out)
+    return out
+
+
+def _zstd_encode(block: np.ndarray) -> bytes:
+    zstandard = _zstd()
+    shuffled = _shuffle(_raw_encode(block), block.dtype.itemsize)
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(shuffled)
+
+
+def _zstd_decode(data: Buffer, dt: np.dtype, shape: tuple[int, int, int]) -> np.ndarray:
+    b, h, d = shape
+    raw = _zstd_decompress(data, b * h * d * dt.itemsize)
+    return _unshuffle(raw, dt.itemsize).view(dt).reshape(b, h, d)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One KVSP codec: what every codec branch consults instead of its number.
+
+    ``encode`` takes one C-contiguous little-endian ``(B, H, D)`` block of a KVSP dtype;
+    ``decode`` returns the ``(B, H, D)`` array of a section (CodecError if it does not fit).
+    ``encode_batch`` / ``decode_batch``, when set, do a layer's blocks in one call.
+    """
+
+    value: int
+    """16-bit registry value (the payload header's and the container's codec field)."""
+    name: str
+    """Registry name (the ``<codec>`` of a data track name)."""
+    lossless: bool
+    """Decoding gives the elements back exactly, so a layer digest can be checked."""
+    verbatim: bool
+    """The section is the elements themselves (``raw``): its size follows from the shape,
+    joint ``kv`` Data needs no length prefixes and the layer digest reads it as it is."""
+    encode: Callable[[np.ndarray], Buffer]
+    decode: Callable[[Buffer, np.dtype, tuple[int, int, int]], np.ndarray]
+    encode_batch: Callable[[np.ndarray, int], Sequence[Buffer]] | None = None
+    decode_batch: Callable[[Sequence[Buffer], np.ndarray], None] | None = None
+    available: Callable[[], bool] = lambda: True
+    """False if this build cannot run the codec (``zstd`` without ``zstandard``)."""
+
+    def element_size(self, dt: np.dtype) -> int | None:
+        """Octets per element of a section when the shape fixes them (``raw``), else None."""
+        return dt.itemsize if self.verbatim else None
+
+    def encode_blocks(self, layer: np.ndarray, n: int) -> list[Buffer]:
+        """The sections of ``n`` equal blocks of a C-contiguous little-endian layer."""
+        if self.encode_batch is not None:
+            return [*self.encode_batch(layer, n)]
+        b = layer.shape[0] // n if n else 0
+        return [self.encode(layer[i * b : (i + 1) * b]) for i in range(n)]
+
+    def decode_blocks(self, sections: Sequence[Buffer], out: np.ndarray) -> None:
+        """Decode ``sections`` into equal consecutive blocks of ``out`` (t, h, d)."""
+        if self.decode_batch is not None:
+            self.decode_batch(sections, out)
+            return
+        t, h, d = out.shape
+        b = t // len(sections)
+        dt = out.dtype.newbyteorder("<") if out.dtype.byteorder == ">" else out.dtype
+        for i, data in enumerate(sections):
+            out[i * b : (i + 1) * b] = self.decode(data, dt, (b, h, d))
+
+
+_RECORDS = (
+    Codec(1, "raw", lossless=True, verbatim=True, encode=_raw_encode, decode=_raw_decode),
+    Codec(2, "q8", lossless=False, verbatim=False, encode=_q8_encode, decode=_q8_decode,
+          encode_batch=_q8_encode_blocks, decode_batch=_q8_decode_blocks),
+    Codec(3, "zstd", lossless=True, verbatim=False, encode=_zstd_encode, decode=_zstd_decode,
+          available=lambda: zstd_available()),
+)
+_BY_NAME = {c.name: c for c in _RECORDS}
+_BY_VALUE = {c.value: c for c in _RECORDS}
+#: Codec name -> 16-bit registry value.
+CODECS: dict[str, int] = {c.name: c.value for c in _RECORDS}
+#: Registry value -> codec name.
+CODEC_NAMES: dict[int, str] = {c.value: c.name for c in _RECORDS}
+
+
+def codec_record(codec: str | int | Codec) -> Codec:
+    """The :class:`Codec` of a codec given by name, value or record; UnsupportedCodecError
+    if this build does not know it."""
+    if isinstance(codec, Codec):
+        return codec
+    found = (_BY_NAME.get(codec) if isinstance(codec, str)
+             else _BY_VALUE.get(codec) if isinstance(codec, int) and not isinstance(codec, bool)
+             else None)
+    if found is None:
+        raise UnsupportedCodecError(
+            f"codec {codec!r} is not implemented (known: {', '.join(_BY_NAME)})")
+    return found
+
+
+def codec_value(codec: str | int | Codec) -> int:
+    """Registry value of a codec given by name or value; UnsupportedCodecError if unknown."""
+    return codec_record(codec).value
+
+
+def codec_name(codec: str | int | Codec) -> str:
+    """Registry name of a codec given by name or value."""
+    return codec_record(codec).name
+
+
+def encode_section(codec: str | int | Codec, block: np.ndarray) -> Buffer:
     """Encode one section (array ``(B, H, D)`` of a KVSP dtype) with ``codec``.
 
     ``raw`` returns a zero-copy memoryview when the array is C-contiguous little-endian.
     ``q8`` raises ValueError for non-finite values or a scale beyond float16 range.
     """
-    value = codec_value(codec)
-    if value == 1:
-        return raw_section(block)
-    dt = _check_block(block)
-    if value == 2:
-        return _q8_encode_blocks(_c_order(block, dt), 1)[0]
-    zstandard = _zstd()
-    raw = raw_section(block)
-    shuffled = _shuffle(raw, dt.itemsize)
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(shuffled)
+    rec = codec_record(codec)
+    return rec.encode(_c_order(block, _check_block(block)))
 
 
 def decode_section(
-    codec: str | int,
+    codec: str | int | Codec,
     data: Buffer,
     dtype: np.dtype | type | str,
     shape: tuple[int, int, int],
@@ -297,27 +399,17 @@ def decode_section(
     For ``raw`` the result is a read-only view of ``data`` (no copy). Raises CodecError if the
     data does not fit the shape, UnsupportedCodecError for an unknown or unavailable codec.
     """
-    value = codec_value(codec)
+    rec = codec_record(codec)
     dt = _as_dtype(dtype)
     if len(shape) != 3 or any(int(s) < 1 for s in shape):
         raise ValueError(f"shape must be three positive sizes, got {shape!r}")
     b, h, d = (int(s) for s in shape)
-    raw_len = b * h * d * dt.itemsize
-    if value == 1:
-        if len(data) != raw_len:
-            raise CodecError(f"raw section is {len(data)} octets, expected {raw_len}")
-        return np.frombuffer(data, dtype=dt).reshape(b, h, d)
-    if value == 2:
-        out = np.empty((b, h, d), dtype=dt)
-        _q8_decode_blocks((data,), out)
-        return out
-    raw = _zstd_decompress(data, raw_len)
-    return _unshuffle(raw, dt.itemsize).view(dt).reshape(b, h, d)
+    return rec.decode(data, dt, (b, h, d))
 
 
 def encode_sections(
-    codec: str | int, layer: np.ndarray, block_tokens: int
-) -> list[bytes | memoryview]:
+    codec: str | int | Codec, layer: np.ndarray, block_tokens: int
+) -> list[Buffer]:
     """Encode a layer's blocks in one call: ``layer`` is ``(n * block_tokens, H, D)``.
 
     Returns the n sections ``encode_section(codec, layer[i*B:(i+1)*B])`` would give, with the
@@ -325,20 +417,17 @@ def encode_sections(
     zero-copy views; ``q8`` encodes every block in one compiled pass, which saves the fixed
     cost of a call per block.
     """
-    value = codec_value(codec)
+    rec = codec_record(codec)
     dt = _check_block(layer)
     t = layer.shape[0]
     if block_tokens < 1 or t % block_tokens:
         raise ValueError(f"a layer of {t} tokens is not made of blocks of {block_tokens}")
-    n = t // block_tokens
-    layer = _c_order(layer, dt)
-    if value == 2:
-        return [*_q8_encode_blocks(layer, n)]
-    b = block_tokens
-    return [encode_section(value, layer[i * b : (i + 1) * b]) for i in range(n)]
+    return rec.encode_blocks(_c_order(layer, dt), t // block_tokens)
 
 
-def decode_sections_into(codec: str | int, sections: Sequence[Buffer], out: np.ndarray) -> None:
+def decode_sections_into(
+    codec: str | int | Codec, sections: Sequence[Buffer], out: np.ndarray
+) -> None:
     """Decode a layer's blocks into the preallocated array ``out`` in one call.
 
     ``out`` is ``(n * B, H, D)`` in the descriptor dtype, for n = ``len(sections)``: section
@@ -347,44 +436,32 @@ def decode_sections_into(codec: str | int, sections: Sequence[Buffer], out: np.n
     written). ``q8`` decodes straight into ``out`` in one compiled pass when ``out`` is
     C-contiguous, e.g. a range of whole tokens of a C-contiguous ``(T, H, D)`` buffer.
     """
-    value = codec_value(codec)
-    dt = _check_block(out)
+    rec = codec_record(codec)
+    _check_block(out)
     t, h, d = out.shape
     n = len(sections)
     if min(t, h, d) < 1 or n < 1 or t % n:
         raise ValueError(f"cannot decode {n} sections into an array of shape {out.shape}")
     if not out.flags.writeable:
         raise ValueError("the output array is read-only")
-    if value == 2:
-        _q8_decode_blocks(sections, out)
-        return
-    b = t // n
-    if value == 1:  # raw: checked and copied here (a consumer calls this per object)
-        raw_len = b * h * d * dt.itemsize
-        for i, data in enumerate(sections):
-            if len(data) != raw_len:
-                raise CodecError(f"raw section is {len(data)} octets, expected {raw_len}")
-            out[i * b : (i + 1) * b] = np.frombuffer(data, dtype=dt).reshape(b, h, d)
-        return
-    for i, data in enumerate(sections):
-        out[i * b : (i + 1) * b] = decode_section(value, data, dt, (b, h, d))
+    rec.decode_blocks(sections, out)
 
 
-def decode_section_into(codec: str | int, data: Buffer, out: np.ndarray) -> None:
+def decode_section_into(codec: str | int | Codec, data: Buffer, out: np.ndarray) -> None:
     """Decode one section into the preallocated ``(B, H, D)`` array ``out`` (see above)."""
     decode_sections_into(codec, (data,), out)
 
 
-def _join_kv(value: int, k: Buffer, v: Buffer) -> bytes:
+def _join_kv(rec: Codec, k: Buffer, v: Buffer) -> bytes:
     """Joint ``kv`` Data of two encoded sections."""
-    if value == 1:
+    if rec.verbatim:
         return b"".join((k, v))
     return b"".join((_U32.pack(len(k)), k, _U32.pack(len(v)), v))
 
 
-def _split_kv(value: int, mv: memoryview, k_raw_len: int) -> tuple[memoryview, memoryview]:
+def _split_kv(rec: Codec, mv: memoryview, k_raw_len: int) -> tuple[memoryview, memoryview]:
     """The K and V sections of joint ``kv`` Data (views); CodecError on bad framing."""
-    if value == 1:
+    if rec.verbatim:
         return mv[:k_raw_len], mv[k_raw_len:]
     parts: list[memoryview] = []
     off = 0
@@ -402,25 +479,25 @@ def _split_kv(value: int, mv: memoryview, k_raw_len: int) -> tuple[memoryview, m
     return parts[0], parts[1]
 
 
-def encode_kv(codec: str | int, k_block: np.ndarray, v_block: np.ndarray) -> bytes:
+def encode_kv(codec: str | int | Codec, k_block: np.ndarray, v_block: np.ndarray) -> bytes:
     """Joint ``kv`` Data: K section then V section; u32be length prefixes for q8 and zstd."""
-    value = codec_value(codec)
-    return _join_kv(value, encode_section(value, k_block), encode_section(value, v_block))
+    rec = codec_record(codec)
+    return _join_kv(rec, encode_section(rec, k_block), encode_section(rec, v_block))
 
 
 def decode_kv(
-    codec: str | int,
+    codec: str | int | Codec,
     data: Buffer,
     dtype: np.dtype | type | str,
     k_shape: tuple[int, int, int],
     v_shape: tuple[int, int, int],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Split and decode joint ``kv`` Data into (K, V)."""
-    value = codec_value(codec)
+    rec = codec_record(codec)
     dt = _as_dtype(dtype)
     mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    k, v = _split_kv(value, mv, int(np.prod(k_shape)) * dt.itemsize)
-    return decode_section(value, k, dt, k_shape), decode_section(value, v, dt, v_shape)
+    k, v = _split_kv(rec, mv, int(np.prod(k_shape)) * dt.itemsize)
+    return decode_section(rec, k, dt, k_shape), decode_section(rec, v, dt, v_shape)
 
 
 def layer_digest(k_raw: Buffer, v_raw: Buffer) -> bytes:
@@ -431,7 +508,7 @@ def layer_digest(k_raw: Buffer, v_raw: Buffer) -> bytes:
 
 
 def encode_component(
-    component: Component, codec: str | int, k_block: np.ndarray, v_block: np.ndarray
+    component: Component, codec: str | int | Codec, k_block: np.ndarray, v_block: np.ndarray
 ) -> Buffer:
     """The Data of a ``component`` object of one block: the K section, the V section, or
     the joint ``kv`` Data (zero-copy for ``raw`` K or V, as :func:`encode_section`)."""
@@ -445,26 +522,26 @@ def encode_component(
 
 
 def encode_component_sections(
-    component: Component, codec: str | int, k_layer: np.ndarray, v_layer: np.ndarray,
+    component: Component, codec: str | int | Codec, k_layer: np.ndarray, v_layer: np.ndarray,
     block_tokens: int,
 ) -> Sequence[Buffer]:
     """The Data of every ``component`` object of a layer, one per block, from the layer's
     K and V ``(n * block_tokens, H, D)``: :func:`encode_sections` (one compiled q8 pass per
     component), joined per block for ``kv``. Equal to :func:`encode_component` per block."""
-    value = codec_value(codec)
+    rec = codec_record(codec)
     if component is Component.K:
-        return encode_sections(value, k_layer, block_tokens)
+        return encode_sections(rec, k_layer, block_tokens)
     if component is Component.V:
-        return encode_sections(value, v_layer, block_tokens)
+        return encode_sections(rec, v_layer, block_tokens)
     if component is Component.KV:
-        ks = encode_sections(value, k_layer, block_tokens)
-        vs = encode_sections(value, v_layer, block_tokens)
-        return [_join_kv(value, k, v) for k, v in zip(ks, vs, strict=True)]
+        ks = encode_sections(rec, k_layer, block_tokens)
+        vs = encode_sections(rec, v_layer, block_tokens)
+        return [_join_kv(rec, k, v) for k, v in zip(ks, vs, strict=True)]
     raise TypeError(f"component must be a Component, got {component!r}")
 
 
 def decode_component_into(
-    component: Component, codec: str | int, data: Buffer, k_out: np.ndarray,
+    component: Component, codec: str | int | Codec, data: Buffer, k_out: np.ndarray,
     v_out: np.ndarray,
 ) -> None:
     """Decode the Data of a ``component`` object of one block straight into the
@@ -476,18 +553,18 @@ def decode_component_into(
     elif component is Component.V:
         decode_section_into(codec, data, v_out)
     elif component is Component.KV:
-        value = codec_value(codec)
+        rec = codec_record(codec)
         mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-        k, v = _split_kv(value, mv, k_out.nbytes)
-        decode_section_into(value, k, k_out)
-        decode_section_into(value, v, v_out)
+        k, v = _split_kv(rec, mv, k_out.nbytes)
+        decode_section_into(rec, k, k_out)
+        decode_section_into(rec, v, v_out)
     else:
         raise TypeError(f"component must be a Component, got {component!r}")
 
 
 def decode_component(
     component: Component,
-    codec: str | int,
+    codec: str | int | Codec,
     data: Buffer,
     dtype: np.dtype | type | str,
     k_shape: tuple[int, int, int],

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import Buffer, codec_value, decode_section, encode_section, layer_digest, raw_section
+from .codecs import (
+    Buffer,
+    codec_record,
+    codec_value,
+    decode_section,
+    encode_section,
+    layer_digest,
+    raw_section,
+)
 from .errors import CodecError, ContainerError, UnsupportedCodecError
 from .ids import CompatDescriptor
 
@@ -144,7 +152,7 @@ def read_container(
     if version != _VERSION:
         raise ContainerError(f"unsupported container version {version}")
     try:
-        codec = codec_value(codec)
+        rec = codec_record(codec)
     except UnsupportedCodecError as exc:
         raise ContainerError(str(exc)) from None
     if expected_block_key is not None and bkey != expected_block_key:
@@ -156,10 +164,12 @@ def read_container(
             raise ContainerError(f"token count {tcount} != block_tokens {descriptor.block_tokens}")
         if n_layers != descriptor.layers:
             raise ContainerError(f"container has {n_layers} layers, expected {descriptor.layers}")
-    if codec == 2 and not accept_unverified_q8:
-        raise ContainerError("q8 container layer digests cannot be verified (lossy codec)")
-    if codec == 3 and descriptor is None:
-        raise ContainerError("verifying a zstd container needs the Compatibility Descriptor")
+    if not rec.lossless and not accept_unverified_q8:
+        raise ContainerError(
+            f"{rec.name} container layer digests cannot be verified (lossy codec)")
+    if rec.lossless and not rec.verbatim and descriptor is None:
+        raise ContainerError(
+            f"verifying a {rec.name} container needs the Compatibility Descriptor")
     off = _HEAD.size
     if n_layers * _LAYER.size > len(mv) - off:
         raise ContainerError(f"container too short for {n_layers} layers")
@@ -173,15 +183,15 @@ def read_container(
             raise ContainerError(f"layer {i}: section lengths exceed the container")
         k, v = mv[off : off + k_len], mv[off + k_len : off + k_len + v_len]
         off += k_len + v_len
-        if codec == 1:
+        if rec.verbatim:
             if descriptor is not None:
                 _check_raw_len(descriptor, i, k_len, v_len)
             actual = layer_digest(k, v)
-        elif codec == 3:
+        elif rec.lossless:
             assert descriptor is not None
             try:
-                kd = decode_section(3, k, descriptor.dtype, descriptor.k_shape())
-                vd = decode_section(3, v, descriptor.dtype, descriptor.v_shape())
+                kd = decode_section(rec, k, descriptor.dtype, descriptor.k_shape())
+                vd = decode_section(rec, v, descriptor.dtype, descriptor.v_shape())
             except CodecError as exc:
                 raise ContainerError(f"layer {i}: {exc}") from None
             actual = layer_digest(raw_section(kd), raw_section(vd))
@@ -192,7 +202,7 @@ def read_container(
         layers.append(ContainerLayer(k, v, digest))
     if off != len(mv):
         raise ContainerError(f"container has {len(mv) - off} trailing octets")
-    return Container(codec, cid, bkey, tstart, tcount, layers, flags)
+    return Container(rec.value, cid, bkey, tstart, tcount, layers, flags)
 
 
 def _check_raw_len(desc: CompatDescriptor, i: int, k_len: int, v_len: int) -> None:

@@ -22,12 +22,6 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from pycose.algorithms import EdDSA, Es256
-from pycose.headers import KID, Algorithm
-from pycose.keys import EC2Key, OKPKey
-from pycose.keys.curves import P256, Ed25519
-from pycose.keys.keyparam import KpAlg
-from pycose.messages import Sign1Message
 
 from .errors import SignatureError
 
@@ -41,7 +35,6 @@ __all__ = [
 
 #: Supported algorithm names -> COSE algorithm identifiers.
 ALGORITHMS: dict[str, int] = {"EdDSA": -8, "ES256": -7}
-_PYCOSE_ALGS = {"EdDSA": EdDSA, "ES256": Es256}
 _COSE_SIGN1_TAG = 18
 
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -140,6 +133,15 @@ def _sign_eddsa(body: bytes, key: ProducerKey) -> bytes:
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
     )
     x = priv.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    # pycose is imported where it is used: it is ~11 ms of `import kvcs` (cryptography's
+    # COSE layer), paid by signing and verifying only.
+    from pycose.algorithms import EdDSA
+    from pycose.headers import KID, Algorithm
+    from pycose.keys import OKPKey
+    from pycose.keys.curves import Ed25519
+    from pycose.keys.keyparam import KpAlg
+    from pycose.messages import Sign1Message
+
     cose_key = OKPKey(crv=Ed25519, d=d, x=x, optional_params={KpAlg: EdDSA})
     msg = Sign1Message(phdr={Algorithm: EdDSA, KID: key.kid}, payload=body)
     msg.key = cose_key
@@ -175,6 +177,11 @@ class _TrustedKey:
 
 
 def _cose_public(public_key: PublicKey, alg: str) -> Any:
+    from pycose.algorithms import EdDSA, Es256
+    from pycose.keys import EC2Key, OKPKey
+    from pycose.keys.curves import P256, Ed25519
+    from pycose.keys.keyparam import KpAlg
+
     if alg == "EdDSA":
         assert isinstance(public_key, ed25519.Ed25519PublicKey)
         x = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -332,6 +339,8 @@ def verify_manifest(blob: bytes | bytearray | memoryview, keyring: Keyring) -> b
         raise SignatureError(
             f"algorithm {alg!r} does not match the algorithm pinned for kid {kid!r} ({entry.alg})"
         )
+    from pycose.messages import Sign1Message
+
     try:
         msg = Sign1Message.from_cose_obj(_thaw(list(arr)), True)
         msg.key = entry.cose_key

@@ -35,13 +35,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..kv.codecs import Buffer, codec_value, encode_component_sections
+from ..kv.codecs import Buffer, codec_record, codec_value, encode_component_sections
 from ..kv.component import Component
 from ..kv.cose import ProducerKey, sign_manifest
 from ..kv.errors import KvcsError
@@ -59,57 +58,12 @@ from ..kv.payload import HEADER_SIZE, build_headers
 from ..kv.secure import ContentKey, SecureObjects
 from ..kv.tracks import TrackName
 from ..moqt.track import CachedObject, Track
-from ..moqt.wire import ObjectStatus, Parameters, Properties, TrackNamespace
+from ..moqt.wire import ObjectStatus, Parameters, Properties
 from ..moqt.wire.properties import DEFAULT_PUBLISHER_PRIORITY, MAX_CACHE_DURATION
+from ..publishing import HandOverTarget, PublishTarget, object_record
 from .offload import sha256_digests
 
 log = logging.getLogger(__name__)
-
-
-class PublishTarget(Protocol):
-    """Where a publisher puts its tracks: an :class:`~kvcs.endpoint.Endpoint` connected to a
-    relay, or a :class:`~kvcs.hosting.TrackHost` serving consumers directly.
-
-    A target's class may also define ``publish_run(track, objects)`` next to ``publish``
-    (add a run of :class:`~kvcs.moqt.track.CachedObject` in order, as Endpoint, TrackHost
-    and ReconnectingTarget do): the publisher then hands over each layer of a track as
-    one run. Otherwise (e.g. a wrapper or subclass that intercepts ``publish``) every
-    object goes through ``publish``."""
-
-    def create_track(self, namespace: TrackNamespace, name: bytes,
-                     properties: Properties = ()) -> Track: ...
-
-    def publish(self, track: Track, group_id: int, object_id: int,
-                payload: bytes | memoryview, *, status: int = ...,
-                priority: int | None = ..., subgroup_id: int = ...,
-                properties: Properties = ...) -> None: ...
-
-    async def announce(self, namespace: TrackNamespace,
-                       params: Parameters | None = None) -> None: ...
-
-    def withdraw(self, namespace: TrackNamespace) -> None: ...
-
-    async def drain(self, limit: int = ...) -> None: ...
-
-
-def _run_publisher(target: PublishTarget) -> Callable[[Track, list[CachedObject]], None] | None:
-    """The target's ``publish_run`` if the class that defines its ``publish`` defines it
-    too (looked up on the class: a wrapper that forwards attributes to an endpoint, or a
-    subclass overriding ``publish``, must see every object)."""
-    for klass in type(target).__mro__:
-        if "publish" in vars(klass):
-            run = getattr(target, "publish_run", None) if "publish_run" in vars(klass) else None
-            return run if callable(run) else None
-    return None
-
-
-@runtime_checkable
-class HandOverTarget(PublishTarget, Protocol):
-    """A target that can make its peer, a relay, hold a publication complete so that the
-    publisher may leave (:meth:`kvcs.endpoint.Endpoint.hand_over`; raises a
-    ConnectionError when the relay does not confirm)."""
-
-    async def hand_over(self, namespace: TrackNamespace, timeout: float = ...) -> None: ...
 
 
 class PublicationError(KvcsError):
@@ -303,9 +257,11 @@ class KvPublisher:
             return
         per_dim = d.block_tokens * d.kv_heads * d.dtype.itemsize  # raw octets per head dim
         sizes = []
-        if o.codec == "raw":  # the larger of the K and V objects
+        # sizes known before encoding (raw: the elements as they are): the larger of the K
+        # and V objects, and the joint object
+        if codec_record(o.codec).verbatim:
             sizes.append(HEADER_SIZE + per_dim * max(d.head_dim, d.v_head_dim))
-        if o.joint_codec == "raw":
+        if o.joint_codec is not None and codec_record(o.joint_codec).verbatim:
             sizes.append(HEADER_SIZE + per_dim * (d.head_dim + d.v_head_dim))
         for size in sizes:
             if o.secure is not None:
@@ -420,8 +376,6 @@ class KvPublisher:
                     for b, (header, data, digest)
                     in enumerate(zip(headers, sections, digests, strict=True))]
 
-        publish_run = _run_publisher(ep)
-
         def publish(name: str, made: list[tuple[bytes, Properties, str]]) -> None:
             # the layer's objects and end markers as one run: one forwarding call chain
             # per layer and track instead of one per object
@@ -433,16 +387,11 @@ class KvPublisher:
             if layer == L - 1 and o.data_end_of_track:
                 run.append(CachedObject(layer, seg.blocks + 1, 0, prio,
                                         ObjectStatus.END_OF_TRACK, (), b""))
-            if publish_run is not None:
-                publish_run(track, run)
-            else:
-                for obj in run:
-                    ep.publish(track, obj.group_id, obj.object_id, obj.payload,
-                               status=obj.status, priority=prio, properties=obj.properties)
+            ep.publish_run(track, run)
             seg.digests[name].append([digest for _, _, digest in made])
 
         try:
-            if o.max_group_bytes is None or all(codec == "raw" for _, codec, _ in tracks):
+            if o.max_group_bytes is None or all(codec_record(c).verbatim for _, c, _ in tracks):
                 # Group sizes are known (checked exactly when the segment was added):
                 # publish each track as soon as its digests are there
                 for i, (_, _, name, _) in enumerate(encoded):
@@ -504,8 +453,9 @@ class KvPublisher:
         self._manifest_version += 1
         # signed first, then encrypted: consumers decrypt, then verify the signature
         payload, props = self._protect(track.name, group, 0, (signed,), 0)
-        self.endpoint.publish(track, group, 0, payload, priority=0, properties=props)
-        self.endpoint.publish(track, group, 1, b"", status=ObjectStatus.END_OF_GROUP, priority=0)
+        self.endpoint.publish_run(track, (
+            object_record(track, group, 0, payload, priority=0, properties=props),
+            object_record(track, group, 1, b"", status=ObjectStatus.END_OF_GROUP, priority=0)))
 
     async def finish(self) -> None:
         """End the manifest track (the publication is complete) and flush; with
@@ -516,7 +466,8 @@ class KvPublisher:
         track = self._manifest_track
         if track is not None and track.end_of_track is None:
             g = self._manifest_version - 1
-            self.endpoint.publish(track, g, 2, b"", status=ObjectStatus.END_OF_TRACK, priority=0)
+            self.endpoint.publish_run(track, (object_record(
+                track, g, 2, b"", status=ObjectStatus.END_OF_TRACK, priority=0),))
         await self.endpoint.drain(0)
         if self.options.hand_over_s is not None:
             if not isinstance(self.endpoint, HandOverTarget):

@@ -15,7 +15,7 @@ asks: the publication is whole again without any action of the prefill worker::
     ...                                    # put_layer / finish as with an Endpoint
     await target.aclose()
 
-While no session is up, :meth:`ReconnectingTarget.publish` only stores objects and
+While no session is up, :meth:`ReconnectingTarget.publish_run` only stores objects and
 :meth:`ReconnectingTarget.drain` returns at once (the prefill worker is never held back by
 a relay that is away); :meth:`ReconnectingTarget.hand_over` waits for a session, within its
 timeout. A dead relay is noticed when the QUIC idle timeout
@@ -29,20 +29,12 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable
 
 from ..backoff import Backoff
 from ..endpoint import Endpoint, HandOverError, MoqtRequestError, open_session
 from ..moqt.origin import Origin
-from ..moqt.track import CachedObject, Track
-from ..moqt.wire import (
-    AuthToken,
-    ObjectStatus,
-    Parameters,
-    Properties,
-    TrackNamespace,
-    namespace_has_prefix,
-)
+from ..moqt.wire import AuthToken, Parameters, TrackNamespace
+from ..publishing import OriginPublisher
 from ..transport import QuicSettings
 
 __all__ = ["ReconnectingTarget"]
@@ -55,7 +47,7 @@ RECONNECT_BACKOFF = Backoff(initial=0.2, maximum=5.0)
 attempt every few seconds)."""
 
 
-class ReconnectingTarget:
+class ReconnectingTarget(OriginPublisher):
     """A :class:`~kvcs.kvnet.publisher.PublishTarget` (and ``HandOverTarget``) that keeps
     a session to the relay at ``url`` up; see the module docstring.
 
@@ -200,29 +192,9 @@ class ReconnectingTarget:
 
     # ------------------------------------------------------------------ PublishTarget
 
-    def create_track(self, namespace: TrackNamespace, name: bytes,
-                     properties: Properties = ()) -> Track:
-        """Create (or return) a track, kept across sessions."""
-        return self.origin.create_track(namespace, name, properties)
-
-    def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
-                *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
-                subgroup_id: int = 0, properties: Properties = ()) -> None:
-        """Add one object to a track; the current session's subscribers get it at once,
-        those of later sessions when they ask."""
-        track.append(group_id, object_id, payload, status=status, priority=priority,
-                     subgroup_id=subgroup_id, properties=properties)
-        ep = self.endpoint
-        if ep is not None and not ep.is_closed:
-            ep.schedule_flush()
-
-    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
-        """Add objects to a track in order (see :meth:`Track.extend`), as :meth:`publish`
-        does each, with one forwarding call chain per run."""
-        track.extend(objects)
-        ep = self.endpoint
-        if ep is not None and not ep.is_closed:
-            ep.schedule_flush()
+    # create_track, publish, publish_run: OriginPublisher (the tracks are kept across
+    # sessions; the current session's subscribers get new objects at once, those of
+    # later sessions when they ask)
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         """PUBLISH_NAMESPACE now (if a session is up) and on every later session; a
@@ -253,12 +225,8 @@ class ReconnectingTarget:
         target publishing one cache after another holds only the current ones (do it once
         the relay holds the publication: ``PublisherOptions(hand_over_s=...)``). Returns
         the number of tracks dropped."""
-        ns = tuple(namespace)
-        self.withdraw(ns)
-        dropped = [key for key in self.origin.tracks if namespace_has_prefix(key[0], ns)]
-        for key in dropped:
-            del self.origin.tracks[key]
-        return len(dropped)
+        self.withdraw(namespace)
+        return self.forget_tracks(namespace)
 
     async def drain(self, limit: int = 4 << 20) -> None:
         """Back-pressure on the current session; returns at once while there is none

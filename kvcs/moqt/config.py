@@ -20,7 +20,10 @@ max_control_bytes       4 MiB       control state the peer makes us keep (its re
 max_setup_tokens        16          Authorization Tokens in the peer's SETUP (kept for the
                                     session's life): the session closes with UNAUTHORIZED
                                     (0x2); a request's tokens are charged to
-                                    max_control_bytes
+                                    max_control_bytes. Every message, SETUP
+                                    included, is capped while parsing at
+                                    wire.MAX_TOKENS (16) tokens and
+                                    wire.MAX_TOKEN_BYTES, UNAUTHORIZED too
 max_request_updates     0           REQUEST_UPDATEs awaiting our answer per request
                         (unlimited) (advertised in SETUP): TOO_MANY_REQUEST_UPDATES (0x1B);
                                     each pending one is also charged to max_control_bytes

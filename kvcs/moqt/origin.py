@@ -1,9 +1,15 @@
 """What a MOQT application offers its peers: tracks and published namespaces (sans-IO).
 
 An :class:`Origin` is shared by every session that serves it (one endpoint, all sessions
-of a :class:`~kvcs.hosting.TrackHost`, all sessions of a relay). It holds
+of a :class:`~kvcs.hosting.TrackHost`, all sessions of a relay): every producer writes
+into it and every session serves it. It holds
 
-* the tracks by Full Track Name (:meth:`create_track`, :meth:`track`), and
+* the tracks by Full Track Name (:meth:`create_track`, :meth:`track`; a relay's copies of
+  other origins' tracks, :meth:`cache_track`) and their retention: a payload byte
+  budget (least recently used first, a track being followed last and then only its
+  oldest objects), MAX_CACHE_DURATION per object (:meth:`sweep`), completion (a
+  :class:`~kvcs.moqt.track.Track` knows it); a :class:`Retention` policy says which
+  tracks are followed or fed and hears what goes, and
 * a namespace table: which *publication* (a session and the Request ID of its
   PUBLISH_NAMESPACE, or the application itself) makes a namespace available, and which
   *watch* (a session and the Request ID of its peer's SUBSCRIBE_NAMESPACE) looks at which
@@ -18,15 +24,44 @@ session and the upstream relay) give a watcher one NAMESPACE, then one NAMESPACE
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .track import FullTrackName, Track
 from .wire import Properties, TrackNamespace, namespace_has_prefix
 
+log = logging.getLogger(__name__)
+
 S = TypeVar("S", bound=Hashable)
 """The sessions (endpoints, relay sessions) that publish and watch."""
+
+
+class Retention(Protocol):
+    """What an origin with a byte budget asks and tells its owner (a relay)."""
+
+    def pinned(self, track: Track) -> bool:
+        """Evict it last, and shed its oldest objects rather than evict it whole (it
+        feeds subscribers)."""
+        ...
+
+    def fed(self, track: Track) -> bool:
+        """Something still adds objects to it: it stays even when age has emptied it."""
+        ...
+
+    def evicted(self, track: Track, reason: str) -> None:
+        """``track`` is being evicted (``age`` or ``bytes``), before it is dropped."""
+        ...
+
+    def expired(self, track: Track, objects: int) -> None:
+        """``objects`` of ``track`` aged out (MAX_CACHE_DURATION)."""
+        ...
+
+    def shed(self, track: Track, nbytes: int) -> None:
+        """``nbytes`` of ``track``'s oldest objects were dropped to meet the budget."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +78,17 @@ class NamespaceNotice(Generic[S]):
 class Origin(Generic[S]):
     """Tracks and namespace table of one application; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None, retention: Retention | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tracks: dict[FullTrackName, Track] = {}
         """Tracks by (namespace, name)."""
+        self.budget = budget
+        """Payload bytes the tracks may hold (None: no bound, an application's origin)."""
+        self.bytes = 0
+        """Payload bytes of the tracks (kept up to date by whoever adds to a copy:
+        :meth:`added`)."""
+        self.retention = retention
+        self.clock = clock
         self._publications: dict[TrackNamespace, list[tuple[S | None, int]]] = {}
         self._published: dict[S | None, dict[tuple[int, TrackNamespace], None]] = {}
         self._watches: dict[S, dict[int, TrackNamespace]] = {}
@@ -66,8 +109,100 @@ class Origin(Generic[S]):
         return track
 
     def add_track(self, track: Track) -> None:
-        """Offer an existing track (e.g. one shared with another origin)."""
+        """Offer an existing track (one shared with another origin, or a relay's copy
+        read back from disk)."""
+        old = self.tracks.get(track.full_name)
+        if old is not None:
+            self.bytes -= old.bytes
         self.tracks[track.full_name] = track
+        self.bytes += track.bytes
+
+    def cache_track(self, namespace: TrackNamespace, name: bytes) -> Track:
+        """A new, empty copy of another origin's track ``(namespace, name)`` (a relay's:
+        filled from upstream, aged by MAX_CACHE_DURATION)."""
+        track = Track(namespace, name, origin=False)
+        self.add_track(track)
+        return track
+
+    def get(self, key: FullTrackName) -> Track | None:
+        """The track by Full Track Name, or None."""
+        return self.tracks.get(key)
+
+    def under(self, prefix: TrackNamespace) -> list[Track]:
+        """The tracks whose namespace starts with ``prefix`` (field-wise)."""
+        return [t for t in self.tracks.values() if namespace_has_prefix(t.namespace, prefix)]
+
+    def drop_tracks(self, prefix: TrackNamespace) -> int:
+        """Stop offering every track whose namespace starts with ``prefix`` (field-wise);
+        returns how many. Sessions serving them keep what they serve."""
+        dropped = self.under(prefix)
+        for track in dropped:
+            del self.tracks[track.full_name]
+            self.bytes -= track.bytes
+        return len(dropped)
+
+    # ------------------------------------------------------------------ retention
+
+    def added(self, nbytes: int) -> None:
+        """Account ``nbytes`` of new payload in a copy; evicts if over the budget."""
+        self.bytes += nbytes
+        if self.budget is not None and self.bytes > self.budget:
+            self.enforce_budget()
+
+    def remove(self, track: Track, reason: str) -> None:
+        """Evict a track (``age``, ``bytes``): the policy hears it, then its listeners
+        (the sessions serving it) are told it is gone."""
+        if self.tracks.get(track.full_name) is not track:
+            return
+        del self.tracks[track.full_name]
+        self.bytes -= track.bytes
+        log.info("evicting track %r (%d bytes, %s)", track.name, track.bytes, reason)
+        if self.retention is not None:
+            self.retention.evicted(track, reason)
+        track.drop()
+
+    def forget(self, track: Track) -> None:
+        """Remove a track without counting an eviction (e.g. incomplete, source gone)."""
+        if self.tracks.get(track.full_name) is track:
+            del self.tracks[track.full_name]
+            self.bytes -= track.bytes
+            track.drop()
+
+    def enforce_budget(self) -> None:
+        """Evict tracks nobody follows, least recently used first; then shed the oldest
+        objects of followed ones (a live track outgrowing the budget loses its past, not
+        its followers: evicting it whole ended every subscription with "track
+        evicted")."""
+        if self.budget is None or self.bytes <= self.budget:
+            return
+        pinned = self.retention.pinned if self.retention is not None else _never
+        order = sorted(self.tracks.values(), key=lambda t: (pinned(t), t.last_used))
+        for track in order:
+            if self.bytes <= self.budget:
+                break
+            if pinned(track):
+                freed = track.shed(self.bytes - self.budget)
+                self.bytes -= freed
+                if self.retention is not None:
+                    self.retention.shed(track, freed)
+            else:
+                self.remove(track, "bytes")
+
+    def sweep(self) -> None:
+        """Drop objects older than their track's MAX_CACHE_DURATION, evict the tracks age
+        has emptied (unless still fed), then enforce the budget."""
+        now = self.clock()
+        fed = self.retention.fed if self.retention is not None else _never
+        for track in list(self.tracks.values()):
+            before = track.count
+            freed = track.expire(now)
+            if track.count != before:
+                self.bytes -= freed
+                if self.retention is not None:
+                    self.retention.expired(track, before - track.count)
+            if not track.count and track.expired_objects and not fed(track):
+                self.remove(track, "age")
+        self.enforce_budget()
 
     # ------------------------------------------------------------------ publications
 
@@ -182,4 +317,8 @@ class Origin(Generic[S]):
                 for rid, prefix in mine.items() if namespace_has_prefix(ns, prefix)]
 
 
-__all__ = ["NamespaceNotice", "Origin"]
+def _never(_track: Track) -> bool:
+    return False
+
+
+__all__ = ["NamespaceNotice", "Origin", "Retention"]

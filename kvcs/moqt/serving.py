@@ -163,8 +163,14 @@ class TrackServer:
                  on_request_ended: Callable[[int], None] | None = None,
                  can_fill: Callable[[int, int, Location, Location], bool] | None = None,
                  backlog: Callable[[], int] | None = None, max_backlog: int = 0,
-                 ) -> None:
+                 wake: Callable[[], None] | None = None) -> None:
         self.session = session
+        self.wake = wake
+        """Called when a track this server serves changed and serving it wrote something
+        to the session (objects, stream ends, PUBLISH_DONE): the binding flushes that
+        session (``MoqtConnection.flush_soon``). Whoever changes a track (a producer, a
+        relay's upstream link, a session of a shared origin) then need not know which
+        sessions it reached: exactly those whose serving wrote are woken."""
         self.max_filter_ranges = (session.config.max_filter_ranges
                                   if max_filter_ranges is None else max_filter_ranges)
         self._subs: dict[int, _Subscription] = {}
@@ -497,6 +503,13 @@ class TrackServer:
     def _on_track(self, track: Track, what: str, objs: Sequence[CachedObject]) -> None:
         if self.session.is_closed:
             return
+        try:
+            self._track_changed(track, what, objs)
+        finally:
+            if self.wake is not None and self.session.has_output:
+                self.wake()
+
+    def _track_changed(self, track: Track, what: str, objs: Sequence[CachedObject]) -> None:
         subs = [s for s in self._subs.values() if s.track is track]
         if what == "object":
             # one call per run of new objects (a published layer): the checks below run

@@ -134,6 +134,11 @@ class Session:
         """Return and clear the actions produced so far."""
         return self._out.take_actions()
 
+    @property
+    def has_output(self) -> bool:
+        """True if actions wait for the binding (something to send)."""
+        return bool(self._out.actions)
+
     def next_event(self) -> ev.Event | None:
         """Return the next event for the application, or None."""
         events = self._out.events

@@ -369,8 +369,18 @@ class Track:
         q = self._arrivals
         if cutoff is None or not q or q[0].arrived >= cutoff:
             return 0
+        return self._drop_oldest(lambda obj, _freed: obj.arrived < cutoff)
+
+    def shed(self, nbytes: int) -> int:
+        """Drop the oldest objects until at least ``nbytes`` of payload are freed (or none
+        is left), remembered as :meth:`gone` like expired ones; returns the bytes freed. A
+        cache over its budget sheds a live track it serves instead of evicting it whole."""
+        return self._drop_oldest(lambda _obj, freed: freed < nbytes)
+
+    def _drop_oldest(self, more: Callable[[CachedObject, int], bool]) -> int:
+        q = self._arrivals
         freed = 0
-        while q and q[0].arrived < cutoff:
+        while q and more(q[0], freed):
             obj = q.popleft()
             g = self._groups.get(obj.group_id)
             if g is None or g.objects.get(obj.object_id) is not obj:

@@ -11,7 +11,6 @@ Run it with ``kvcs relay`` (see :mod:`kvcs.cli` and ``docs/relay.md``) or embed 
 from __future__ import annotations
 
 from ..auth import AuthError, Authorizer, Grant, parse_namespace
-from .cache import Cache
 from .config import ConfigError, ListenError, RelayConfig, load_config_file
 from .metrics import Metrics
 from .relay import Relay
@@ -19,7 +18,6 @@ from .relay import Relay
 __all__ = [
     "AuthError",
     "Authorizer",
-    "Cache",
     "ConfigError",
     "Grant",
     "ListenError",

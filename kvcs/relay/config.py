@@ -49,7 +49,11 @@ class RelayConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     cert_dir: str = "certs"
-    upstream: str | None = None
+    upstream: str | list[str] | None = None
+    """URL of the upstream relay, or several (peering: tried in order, the first that
+    answers is used until its session is lost; :meth:`upstreams`)."""
+    upstream_timeout: float = 10.0
+    """Seconds to wait for one upstream relay to answer before trying the next."""
     upstream_cafile: str | None = None
     upstream_insecure: bool = False
     upstream_token: str | None = None
@@ -100,6 +104,11 @@ class RelayConfig:
     kvsp_listen: str | None = None
     """TCP ``HOST:PORT`` of that HTTPS server; default: the relay's own address and port
     number (QUIC uses UDP, so TCP can share the number)."""
+    store: str | None = None
+    """Directory of the disk tier (:mod:`kvcs.relay.store`): completed publications kept
+    there are served again after a restart."""
+    store_bytes: int = 10 << 30
+    """Byte budget of ``store`` (least recently used publications evicted first)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -117,7 +126,7 @@ class RelayConfig:
             current = getattr(self, name)
             if isinstance(current, bool) and not isinstance(value, bool):
                 raise ConfigError(f"{key} must be true or false")
-            if name in ("cache_bytes", "max_session_backlog"):
+            if name in ("cache_bytes", "max_session_backlog", "store_bytes"):
                 value = parse_size(value)
             elif isinstance(current, int | float) and not isinstance(current, bool):
                 try:
@@ -125,6 +134,12 @@ class RelayConfig:
                 except (TypeError, ValueError):
                     raise ConfigError(f"{key}: expected a number, got {value!r}") from None
             setattr(self, name, value)
+
+    def upstreams(self) -> list[str]:
+        """The upstream relays' URLs, in the order they are tried."""
+        if not self.upstream:
+            return []
+        return [self.upstream] if isinstance(self.upstream, str) else list(self.upstream)
 
     def validate(self) -> None:
         """Check cross-field rules; raises ConfigError with one clear line."""
@@ -147,8 +162,15 @@ class RelayConfig:
         for path in (self.tls_cert, self.tls_key, self.auth, self.upstream_cafile):
             if path and not Path(path).is_file():
                 raise ConfigError(f"file not found: {path}")
-        if self.upstream and not self.upstream.startswith(("moqt://", "https://")):
-            raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {self.upstream}")
+        if not isinstance(self.upstream, str | list | type(None)):
+            raise ConfigError("upstream must be a URL or a list of URLs")
+        for url in self.upstreams():
+            if not isinstance(url, str) or not url.startswith(("moqt://", "https://")):
+                raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {url}")
+        if self.store_bytes <= 0:
+            raise ConfigError("--store-bytes must be positive")
+        if self.store and Path(self.store).exists() and not Path(self.store).is_dir():
+            raise ConfigError(f"--store {self.store}: not a directory")
         if self.cache_bytes <= 0:
             raise ConfigError("--cache-bytes must be positive")
         if self.request_rate < 0 or self.request_burst < 1:

@@ -29,13 +29,25 @@ from ..moqt.wire import (
     LocationFilter,
     Parameters,
 )
-from .cache import exact_payload
 from .session import RelaySession, request_kind
 
 if TYPE_CHECKING:
     from .relay import Relay
 
 log = logging.getLogger(__name__)
+
+
+def exact_payload(payload: bytes | memoryview) -> bytes | memoryview:
+    """The payload as the cache keeps it. A zero-copy view of received stream data pins
+    the whole chunk it points into (a 32 KiB object in a 60000-byte datagram's data keeps
+    all of it: the relay's RSS was 1.5x its cached payload), so a view of a buffer more
+    than 1/8 larger than itself is copied to exact size."""
+    if isinstance(payload, memoryview):
+        base = payload.obj
+        size = len(base) if isinstance(base, bytes | bytearray | memoryview) else None
+        if size is None or size > len(payload) + (len(payload) >> 3):
+            return bytes(payload)
+    return payload
 
 
 @dataclass(eq=False)
@@ -92,8 +104,7 @@ class Links:
     def open(self, key: FullTrackName, source: RelaySession, track: Track | None) -> Link:
         """SUBSCRIBE upstream for ``key`` (fill from the first Location not cached)."""
         if track is None:
-            track = Track(key[0], key[1], origin=False)
-            self.relay.cache.put(track)
+            track = self.relay.origin.cache_track(key[0], key[1])
         link = Link(key, source, track)
         start = first_unknown(track)
         fill_lf = LocationFilter.none() if start == Location(0, 0) else \
@@ -126,8 +137,6 @@ class Links:
                            r.properties, exact_payload(r.payload))
         if e.fill_id is None and e.stream_id >= 0:
             link.streams[e.stream_id] = (r.group_id, r.subgroup_id)
-        for p in link.downstream.values():
-            p.schedule_flush()
         try:
             added = track.add(obj)
         except ImmutabilityError as exc:
@@ -146,8 +155,10 @@ class Links:
         # cost 0.03 ms/MiB (docs/perf-profile.md)
         self.objects_in += 1
         self.bytes_in += n
+        link.source.objects_in += 1
+        link.source.bytes_in += n
         if added:
-            self.relay.cache.added(n)
+            self.relay.origin.added(n)
             if track.end_of_track is not None:
                 self._maybe_complete(link)
 
@@ -194,8 +205,6 @@ class Links:
                 elif key is not None:
                     track.close_subgroup(*key)
             self._maybe_complete(link)
-            for p in link.downstream.values():
-                p.schedule_flush()
         elif isinstance(e, ev.RangeMarkerReceived):
             if e.marker.kind != END_OF_NON_EXISTENT_RANGE:
                 link.unknown_ranges = True
@@ -208,8 +217,6 @@ class Links:
                     track.finish()
                     log.info("track %r complete (%d objects, %d bytes)", track.name,
                              track.count, track.bytes)
-                for p in list(link.downstream.values()):
-                    p.schedule_flush()
             else:
                 self.lost(link, done.status, done.reason or "upstream ended")
         elif isinstance(e, ev.RequestRejected):
@@ -255,7 +262,7 @@ class Links:
         self._retire(link)
         self._reject_waiting(link, code, f"upstream: {reason}")
         if not link.track.count:
-            self.relay.cache.forget(link.track)
+            self.relay.origin.forget(link.track)
 
     def lost(self, link: Link, status: int, reason: str) -> None:
         """The upstream subscription ended before the track was complete (``status``: the
@@ -276,7 +283,7 @@ class Links:
             p.abort_served(rid, code, reason, reset)
         link.downstream.clear()
         # we cannot state the completeness of what is cached honestly: drop it
-        self.relay.cache.forget(track)
+        self.relay.origin.forget(track)
         log.info("dropped incomplete track %r: %s", track.name, reason)
 
     def _retire(self, link: Link) -> None:
@@ -301,8 +308,6 @@ class Links:
         """The cache evicted the link's track: unsubscribe, refuse who still waits."""
         self.cancel(link)
         self._reject_waiting(link, RequestErrorCode.EXCESSIVE_LOAD, "cache full")
-        for p in link.downstream.values():
-            p.schedule_flush()
 
     def maybe_idle(self, link: Link) -> None:
         """Release the link once nobody needs it (after ``upstream_linger`` seconds)."""

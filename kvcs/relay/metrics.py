@@ -24,6 +24,8 @@ _HELP = {
     "kvcs_relay_cache_evictions_total": ("counter", "Tracks evicted from the cache by reason"),
     "kvcs_relay_cache_expired_objects_total": ("counter",
                                                "Objects dropped for MAX_CACHE_DURATION"),
+    "kvcs_relay_cache_shed_bytes_total": ("counter", "Oldest payload bytes dropped from "
+                                          "followed live tracks over the budget"),
     "kvcs_relay_cache_bytes": ("gauge", "Payload bytes held in the cache"),
     "kvcs_relay_cache_tracks": ("gauge", "Tracks held in the cache"),
     "kvcs_relay_upstream_subscriptions": ("gauge", "Open upstream subscriptions"),

@@ -26,7 +26,6 @@ from ..moqt import events as ev
 from ..moqt.origin import NamespaceNotice, Origin
 from ..moqt.track import Track
 from ..moqt.wire import TrackNamespace, namespace_has_prefix
-from .cache import Cache
 from .session import RelaySession
 
 log = logging.getLogger(__name__)
@@ -35,9 +34,9 @@ log = logging.getLogger(__name__)
 class Namespaces:
     """Namespace table and routing of one relay; see the module docstring."""
 
-    def __init__(self, cache: Cache) -> None:
-        self.origin: Origin[RelaySession] = Origin()
-        self.cache = cache
+    def __init__(self, origin: Origin[RelaySession]) -> None:
+        self.origin = origin
+        """The relay's origin: its namespace table here, its tracks (the cache) too."""
         self.upstream: RelaySession | None = None
         """The session to the upstream relay, while it is open."""
         self.retained: set[TrackNamespace] = set()
@@ -105,7 +104,7 @@ class Namespaces:
         return self.origin.publish(namespace)
 
     def _holds_complete(self, namespace: TrackNamespace) -> bool:
-        held = [t for t in self.cache.under(namespace) if t.count]
+        held = [t for t in self.origin.under(namespace) if t.count]
         return bool(held) and all(t.complete for t in held)
 
     def track_evicted(self, track: Track, reason: str) -> None:
@@ -113,12 +112,27 @@ class Namespaces:
         one holding objects, or at once if it was evicted for space (``reason`` not age)."""
         for ns in [n for n in self.retained if namespace_has_prefix(track.namespace, n)]:
             if reason == "age" and any(t.count and t is not track
-                                       for t in self.cache.under(ns)):
+                                       for t in self.origin.under(ns)):
                 continue
             self.retained.discard(ns)
             log.info("withdrawing kept %s: a track was evicted (%s)", render_namespace(ns),
                      reason)
             send_namespace_notices(self.origin.withdraw(ns))
+
+    def keep_stored(self, namespace: TrackNamespace) -> None:
+        """Publish ``namespace`` in the relay's own name: its disk tier holds it complete
+        (a restarted relay, :mod:`kvcs.relay.tier`)."""
+        if namespace not in self.retained:
+            self.retained.add(namespace)
+            log.info("keeping %s: stored complete", render_namespace(namespace))
+            send_namespace_notices(self.origin.publish(namespace))
+
+    def release_kept(self, namespace: TrackNamespace) -> None:
+        """Withdraw a kept namespace nothing holds any more (e.g. aged out on disk)."""
+        if namespace in self.retained:
+            self.retained.discard(namespace)
+            log.info("withdrawing kept %s: nothing held any more", render_namespace(namespace))
+            send_namespace_notices(self.origin.withdraw(namespace))
 
     # ------------------------------------------------------------------ watchers
 
@@ -179,7 +193,7 @@ class Namespaces:
         """The upstream relay is gone: publish in the relay's own name every namespace
         whose tracks it holds complete and nobody publishes (the upstream's NAMESPACEs
         end with the last downstream watcher, often before its tracks were pulled)."""
-        for ns in dict.fromkeys(t.namespace for t in self.cache.tracks.values()):
+        for ns in dict.fromkeys(t.namespace for t in self.origin.tracks.values()):
             if not self.origin.publishers(ns):
                 send_namespace_notices(self._keep_if_complete(ns, "the upstream is gone"))
 

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..moqt import events as ev
 from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
+from ..moqt.origin import Origin
 from ..moqt.track import FullTrackName, Track
 from ..moqt.wire import (
     AuthToken,
@@ -42,12 +43,15 @@ from ..moqt.wire import (
     TrackStatus,
 )
 from ..transport import MoqtConnection, QuicSettings, Server, ensure_dev_certificate
-from .cache import Cache
+from .announce import Announcer
 from .config import ListenError, RelayConfig, parse_hostport
 from .links import Link, Links
+from .linkstats import LinkStats
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
-from .session import RELAYED_REQUESTS, RelaySession, request_kind
+from .session import RELAYED_REQUESTS, ROUTED_DOWN, RelaySession, request_kind
+from .store import Store
+from .tier import DiskTier
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +83,10 @@ class Relay:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
-        self.cache = Cache(config.cache_bytes, self.metrics, pinned=self._pinned,
-                           fed=self._fed, on_evict=self._on_evict)
+        self.origin: Origin[RelaySession] = Origin(config.cache_bytes, _Retention(self))
+        """What the relay serves: the tracks it holds (its cache: copies filled from
+        upstream, read from disk, kept after their publishers left) with their retention,
+        and the namespace table (:attr:`namespaces` routes by it)."""
         self.server: Server | None = None
         self.metrics_server: MetricsServer | None = None
         self.host: str | None = None
@@ -90,8 +96,15 @@ class Relay:
         the relay uses them: :func:`kvcs.cli.start_kvsp_beside`)."""
         self.fingerprint: str | None = None
         self.sessions: dict[int, RelaySession] = {}
-        self.namespaces = Namespaces(self.cache)
+        self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
+        self.link_stats = LinkStats(self)
+        self.announcer = Announcer(self)
+        self.upstream_url: str | None = None
+        """The upstream relay in use (the first of ``config.upstream`` that answered)."""
+        self.tier = DiskTier(self, Store(config.store, config.store_bytes)) \
+            if config.store else None
+        """The disk tier (``--store``), or None."""
         self._next_session = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -101,8 +114,8 @@ class Relay:
         m = self.metrics
         m.gauge("kvcs_relay_sessions", lambda: sum(1 for p in self.sessions.values()
                                                    if not p.upstream))
-        m.gauge("kvcs_relay_cache_bytes", lambda: self.cache.bytes)
-        m.gauge("kvcs_relay_cache_tracks", lambda: len(self.cache.tracks))
+        m.gauge("kvcs_relay_cache_bytes", lambda: self.origin.bytes)
+        m.gauge("kvcs_relay_cache_tracks", lambda: len(self.origin.tracks))
         m.gauge("kvcs_relay_upstream_subscriptions", lambda: len(self.links))
         m.gauge("kvcs_relay_retained_namespaces", lambda: len(self.namespaces.retained))
         m.gauge("kvcs_relay_objects_in_total", lambda: self.links.objects_in)
@@ -171,6 +184,12 @@ class Relay:
             except OSError as exc:
                 raise ListenError(cfg.metrics, " (--metrics)", exc) from exc
             self.metrics_server = metrics_server
+        if self.tier is not None:
+            try:
+                self.tier.start()
+            except OSError as exc:
+                await self._close_started()
+                raise ConfigError(f"--store {cfg.store}: {exc.strerror or exc}") from None
         try:
             if cfg.upstream:
                 await self._connect_upstream()
@@ -185,7 +204,7 @@ class Relay:
             raise ListenError(cfg.listen, "", exc) from exc
         self._sweeper = asyncio.create_task(self._sweep_loop())
         log.info("relay listening on %s:%d (upstream %s, cache %d bytes, %s)", host,
-                 self.server.port, cfg.upstream or "none", cfg.cache_bytes,
+                 self.server.port, self.upstream_url or "none", cfg.cache_bytes,
                  "anonymous" if self.auth.anonymous else f"{len(self.auth.grants)} tokens")
 
     async def _close_started(self) -> None:
@@ -198,28 +217,45 @@ class Relay:
             self.metrics_server = None
 
     async def _connect_upstream(self) -> None:
+        """Open a session to the first upstream relay of the list that answers (tried in
+        order); raises the last one's error if none does."""
         cfg = self.config
-        assert cfg.upstream
+        urls = cfg.upstreams()
+        assert urls
         tokens: tuple[AuthToken, ...] = ()
         if cfg.upstream_token:
             tok = cfg.upstream_token.encode()
             if cfg.upstream_token.startswith("hex:"):
                 tok = bytes.fromhex(cfg.upstream_token[4:])
             tokens = (AuthToken(3, token_type=0, value=tok),)
-        self.namespaces.upstream_connected(await open_session(
-            cfg.upstream, lambda conn: self.new_session(conn, upstream=True,
-                                                         request_tokens=tokens),
-            settings=self.settings, cafile=cfg.upstream_cafile,
-            verify=not cfg.upstream_insecure, auth_tokens=tokens,
-            implementation=IMPLEMENTATION))
-        log.info("connected upstream %s", cfg.upstream)
+        for i, url in enumerate(urls):
+            def bind(conn: MoqtConnection, url: str = url) -> RelaySession:
+                peer = self.new_session(conn, upstream=True, request_tokens=tokens)
+                peer.upstream_url = url
+                return peer
+            try:
+                session = await open_session(
+                    url, bind, settings=self.settings, cafile=cfg.upstream_cafile,
+                    verify=not cfg.upstream_insecure, auth_tokens=tokens,
+                    implementation=IMPLEMENTATION, timeout=cfg.upstream_timeout)
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                if i == len(urls) - 1:
+                    raise
+                log.warning("upstream %s unreachable (%s), trying %s", url, exc, urls[i + 1])
+                continue
+            self.upstream_url = url
+            self.namespaces.upstream_connected(session)
+            log.info("connected upstream %s", url)
+            self.announcer.sync()
+            return
 
     async def _reconnect_upstream(self) -> None:
         """The upstream session was lost: open a new one (jittered backoff, attempts at
         INFO) and watch every prefix watched here again; requests meanwhile are answered
         from the cache (or DOES_NOT_EXIST), and consumers resume by themselves."""
         await UPSTREAM_BACKOFF.retry(lambda _n: self._connect_upstream(),
-                                     what=f"reconnecting upstream {self.config.upstream}",
+                                     what="reconnecting upstream "
+                                          + " or ".join(self.config.upstreams()),
                                      retry_on=(ConnectionError, OSError, TimeoutError))
         self.metrics.inc("kvcs_relay_upstream_reconnects_total")
 
@@ -251,6 +287,8 @@ class Relay:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self.tier is not None:
+            await self.tier.aclose()
         if self.server is not None:
             await self.server.aclose(timeout=1.0)
         if self.admission.pacer is not None:
@@ -269,8 +307,12 @@ class Relay:
 
     def sweep(self) -> None:
         """Drop aged-out objects and the tracks they emptied, then enforce the byte
-        budget (:meth:`Cache.sweep`)."""
-        self.cache.sweep()
+        budget (:meth:`Origin.sweep <kvcs.moqt.origin.Origin.sweep>`); the disk tier ages
+        out and saves (``--store``)."""
+        self.origin.sweep()
+        if self.tier is not None:
+            self.tier.sweep()
+        self.announcer.sync()
 
     def objects_out(self) -> tuple[int, int]:
         """(objects, payload bytes) sent to peers, over the relay's lifetime."""
@@ -313,6 +355,7 @@ class Relay:
         log.info("session %d closed (%#x %s)", peer.id, code, reason)
         self._closed_out[0] += peer.server.objects_sent
         self._closed_out[1] += peer.server.bytes_sent
+        self.link_stats.session_closed(peer)
         self.sessions.pop(peer.id, None)
         # requests it made
         for waited in list(peer.waiting.values()):
@@ -331,6 +374,7 @@ class Relay:
             self.on_status_answer(peer, fwd, None)
         # links it fed
         self.links.source_closed(peer)
+        self.announcer.sync()
         if was_upstream:
             (log.info if self.going_away else log.error)(
                 "upstream session lost (%#x %s)", code, reason)
@@ -364,12 +408,22 @@ class Relay:
         m = e.message
         kind = request_kind(m)
         rid = e.request_id
-        if peer.upstream or kind not in RELAYED_REQUESTS:
+        if kind not in RELAYED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
             self.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
                         "not supported by this relay")
             return
         if self.going_away:
             self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
+            return
+        if peer.upstream:
+            # the upstream relay asks for a track under a namespace we announced to it
+            # (kvcs.relay.announce): it authorized its own client; we chose to connect to it
+            assert isinstance(m, Subscribe | Fetch | TrackStatus)
+            if self.announcer.covers(tuple(m.namespace)):
+                self._route(peer, e, kind)
+            else:
+                self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
+                            "not announced upstream")
             return
         refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
                                        peer.open_fetches())
@@ -383,6 +437,7 @@ class Relay:
             peer.session.request_ok(rid)
             self._ok(kind)
             self.namespaces.publish(peer, rid, tuple(m.namespace))
+            self.announcer.sync()
             return
         if isinstance(m, SubscribeNamespace):
             peer.session.request_ok(rid)
@@ -393,6 +448,8 @@ class Relay:
 
     def on_cancelled(self, peer: RelaySession, rid: int) -> None:
         """``peer``'s peer cancelled request ``rid`` (one the TrackServer did not serve)."""
+        if self.tier is not None and self.tier.cancelled(peer, rid):
+            return
         link = peer.waiting.pop(rid, None)
         if link is not None:
             link.waiting = [(p, r) for p, r in link.waiting
@@ -400,7 +457,11 @@ class Relay:
             peer.fetches.discard(rid)
             self.links.maybe_idle(link)
             return
-        if self.namespaces.withdraw(peer, rid) or self.namespaces.unwatch(peer, rid):
+        if self.namespaces.withdraw(peer, rid):
+            self.announcer.sync()
+            return
+        if self.namespaces.unwatch(peer, rid):
+            self.announcer.sync()
             return
         peer.served.pop(rid, None)
         for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
@@ -418,11 +479,17 @@ class Relay:
         assert isinstance(m, Subscribe | Fetch | TrackStatus)
         key: FullTrackName = (tuple(m.namespace), bytes(m.name))
         rid = e.request_id
-        track = self.cache.get(key)
+        track = self.origin.get(key)
         link = self.links.get(key)
         if track is not None and track.complete:
             self.metrics.inc("kvcs_relay_cache_hits_total")
             self.serve(peer, e, track, None)
+            return
+        if link is not None and peer.upstream and link.source.upstream:
+            # the upstream asks for what we are asking it: a loop (a namespace we announced
+            # and it routes back to us); refusing ends both requests
+            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
+                        "not held here (asked upstream)")
             return
         if link is not None:
             if link.established:
@@ -431,7 +498,11 @@ class Relay:
             else:
                 self._wait(peer, e, link)
             return
+        if track is None and self.tier is not None and self.tier.route(peer, e, key):
+            return  # the store holds it: routed again once loaded
         source = self.namespaces.source(key[0])
+        if source is not None and source.upstream and peer.upstream:
+            source = None  # never back up where the request came from (no loops)
         if source is None:
             self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
                         "no publisher for this namespace")
@@ -445,6 +516,10 @@ class Relay:
         self.metrics.inc("kvcs_relay_cache_misses_total")
         link = self.links.open(key, source, track)
         self._wait(peer, e, link)
+
+    def route_again(self, peer: RelaySession, e: ev.RequestReceived) -> None:
+        """Route request ``e`` of ``peer`` again (it waited for the disk tier)."""
+        self._route(peer, e, request_kind(e.message))
 
     def _wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
         link.waiting.append((peer, e))
@@ -504,17 +579,42 @@ class Relay:
             self.reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         peer.schedule_flush()
 
-    # ------------------------------------------------------------------ cache policy
+    @property
+    def cache(self) -> Origin[RelaySession]:
+        """The relay's cache: its origin's tracks (kept under this name for callers that
+        look at the byte budget and the cached tracks)."""
+        return self.origin
 
-    def _pinned(self, track: Track) -> bool:
-        link = self.links.feeding(track)
+
+class _Retention:
+    """The relay's retention policy for its origin: a track its upstream link feeds to
+    subscribers is followed, an evicted one ends its link and may end a kept
+    publication; every eviction, aged-out object and shed byte is counted."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def pinned(self, track: Track) -> bool:
+        link = self.relay.links.feeding(track)
         return link is not None and bool(link.downstream)
 
-    def _fed(self, track: Track) -> bool:
-        return self.links.feeding(track) is not None
+    def fed(self, track: Track) -> bool:
+        return self.relay.links.feeding(track) is not None
 
-    def _on_evict(self, track: Track, reason: str) -> None:
-        link = self.links.feeding(track)
+    def evicted(self, track: Track, reason: str) -> None:
+        relay = self.relay
+        relay.metrics.inc("kvcs_relay_cache_evictions_total", reason=reason)
+        link = relay.links.feeding(track)
         if link is not None:
-            self.links.evicted(link)
-        self.namespaces.track_evicted(track, reason)
+            relay.links.evicted(link)
+        if reason == "bytes" and relay.tier is not None \
+                and relay.tier.store.has(track.full_name):
+            return  # evicted from memory only: the store still holds it whole
+        relay.namespaces.track_evicted(track, reason)
+        relay.announcer.sync()
+
+    def expired(self, track: Track, objects: int) -> None:
+        self.relay.metrics.inc("kvcs_relay_cache_expired_objects_total", objects)
+
+    def shed(self, track: Track, nbytes: int) -> None:
+        self.relay.metrics.inc("kvcs_relay_cache_shed_bytes_total", nbytes)

@@ -34,6 +34,8 @@ _KINDS = {Subscribe: "subscribe", Fetch: "fetch", TrackStatus: "track_status",
           PublishNamespace: "publish_namespace", SubscribeNamespace: "subscribe_namespace"}
 RELAYED_REQUESTS = frozenset(_KINDS.values())
 """The request kinds the relay handles (metrics label ``type``)."""
+ROUTED_DOWN = frozenset(("subscribe", "fetch", "track_status"))
+"""The request kinds the upstream relay may make of us (kvcs.relay.announce)."""
 
 
 def request_kind(message: object) -> str:
@@ -54,6 +56,12 @@ class RelaySession(BoundSession):
         """The session to the upstream relay (its peer makes no requests of us)."""
         self.request_tokens = request_tokens
         """Authorization tokens the relay sends with its requests on this session."""
+        self.upstream_url = ""
+        """The URL of the upstream relay (an upstream session)."""
+        self.objects_in = 0
+        self.bytes_in = 0
+        """Objects (payload bytes) received on the relay's subscriptions to this peer
+        (:mod:`kvcs.relay.linkstats`)."""
         # requests the peer made of the relay
         self.waiting: dict[int, Link] = {}  # request -> the upstream subscription it awaits
         self.served: dict[int, Link | None] = {}  # request -> its link (None: cache/forward)
@@ -103,7 +111,8 @@ class RelaySession(BoundSession):
             relay.links.on_event(link, e)
         elif rid in self.status_forwarded:
             relay.on_status_answer(self, rid, e)
-        elif self.upstream and relay.namespaces.on_upstream_event(rid, e):
+        elif self.upstream and (relay.namespaces.on_upstream_event(rid, e)
+                                or relay.announcer.on_event(rid, e)):
             return
         elif isinstance(e, ev.RequestCancelled):
             relay.on_cancelled(self, rid)

@@ -19,11 +19,13 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+if TYPE_CHECKING:  # x509 is imported by the functions that use it: ~15 ms of `import kvcs`
+    from cryptography import x509
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ def parse_fingerprint(value: str | bytes) -> bytes:
 
 def load_certificate(path: str | os.PathLike[str]) -> x509.Certificate:
     """Load the first PEM certificate from ``path``."""
+    from cryptography import x509
+
     return x509.load_pem_x509_certificate(Path(path).read_bytes())
 
 
@@ -77,6 +81,8 @@ def load_private_key(path: str | os.PathLike[str]) -> ec.EllipticCurvePrivateKey
 
 
 def _san_entries(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    from cryptography import x509
+
     names: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -101,6 +107,8 @@ def _is_usable(
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if cert.public_key().public_bytes(*spki) != key.public_key().public_bytes(*spki):
         return False
+    from cryptography import x509
+
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -113,6 +121,8 @@ def _is_usable(
 def _build(
     subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int
 ) -> x509.CertificateBuilder:
+    from cryptography import x509
+
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -133,6 +143,9 @@ def generate_certificate(
     Returns the chain ``[leaf, ca]`` and the leaf's key. The CA is self-signed, valid as
     long as the leaf, and its key is discarded once the leaf is signed.
     """
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvcs development CA")])
     ca_usage = x509.KeyUsage(

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-import kvcs.kv.assembly as assembly
+import kvcs.kv.codecs as codecs
 from kvcs.hosting import TrackHost
 from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import ManifestError
@@ -77,7 +77,7 @@ async def test_preference_order_and_codecs_not_implemented(
     _, tracks = await _fetched_tracks(url, cert, log, "raw")
     assert tracks == {b"k.raw.s0", b"v.raw.s0"}
     # without the zstandard package, zstd is not implemented either: raw is selected
-    monkeypatch.setattr(assembly, "zstd_available", lambda: False)
+    monkeypatch.setattr(codecs, "zstd_available", lambda: False)  # the zstd record asks it
     got, tracks = await _fetched_tracks(url, cert, log, ["lz4", "zstd", "raw"])
     assert tracks == {b"k.raw.s0", b"v.raw.s0"}
     assert all(same(x.v, data[x.index][1]) for x in got)

@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import pytest
@@ -30,7 +30,7 @@ from kvcs.moqt.actions import Action, SendStreamData, StreamOpener
 from kvcs.moqt.errors import PublishDoneCode, SessionCode
 from kvcs.moqt.origin import Origin
 from kvcs.moqt.session import Session, SessionConfig
-from kvcs.moqt.track import Track
+from kvcs.moqt.track import CachedObject, Track
 from kvcs.moqt.wire import (
     ObjectStatus,
     Parameters,
@@ -197,11 +197,8 @@ class HostileUpstream:
                      properties: Properties = ()) -> Track:
         return self.origin.create_track(namespace, name, properties)
 
-    def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
-                **kw: Any) -> None:
-        track.append(group_id, object_id, payload, **kw)
-        for ep in self.endpoints:
-            ep.schedule_flush()
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        track.extend(objects)  # the origin wakes the sessions it wrote to
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         for n in self.origin.publish(tuple(namespace)):
@@ -366,6 +363,11 @@ class SpoilingTarget:
             payload = f(bytes(payload))
             self.spoiled += 1
         self.ep.publish(track, group_id, object_id, payload, **kw)
+
+    def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
+        for obj in objects:
+            self.publish(track, obj.group_id, obj.object_id, obj.payload, status=obj.status,
+                         priority=obj.publisher_priority, properties=obj.properties)
 
     async def announce(self, namespace: TrackNamespace, params: Parameters | None = None) -> None:
         await self.ep.announce(namespace, params)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from kvcs.testing import LocalNet
 from kvcs.transport import DevCertificate
+
+if TYPE_CHECKING:  # the test modules skip when the hf extra (torch) is not installed
+    import torch
 
 
 @pytest.fixture
@@ -20,4 +23,6 @@ async def net(cert: DevCertificate) -> AsyncIterator[LocalNet]:
 
 def tokens(n: int, seed: int) -> torch.Tensor:
     """``n`` seeded random token ids of the test model's vocabulary, as [1, n]."""
+    import torch
+
     return torch.randint(0, 512, (1, n), generator=torch.Generator().manual_seed(seed))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from transformers import MistralConfig, MistralForCausalLM
+
+torch = pytest.importorskip("torch", reason="the hf extra is not installed (pip install '.[hf]')")
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+MistralConfig = transformers.MistralConfig
+MistralForCausalLM = transformers.MistralForCausalLM
 
 from kvcs.integrations.hf import (
     CacheRestore,
@@ -29,6 +32,7 @@ from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.payload import parse_header
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
 from kvcs.kvnet.publisher import PublicationError, PublisherOptions
+from kvcs.moqt.track import CachedObject
 from kvcs.moqt.wire import ObjectStatus
 from kvcs.testing import LocalNet
 
@@ -169,6 +173,11 @@ class TamperingTarget:
 
     def __getattr__(self, name: str) -> Any:  # create_track, announce, withdraw, drain
         return getattr(self.endpoint, name)
+
+    def publish_run(self, track: Any, objects: Iterable[CachedObject]) -> None:
+        for obj in objects:
+            self.publish(track, obj.group_id, obj.object_id, obj.payload, status=obj.status,
+                         priority=obj.publisher_priority, properties=obj.properties)
 
     def publish(self, track: Any, group_id: int, object_id: int, payload: bytes,
                 **kw: Any) -> None:

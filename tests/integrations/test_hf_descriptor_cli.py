@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="the hf extra is not installed (pip install '.[hf]')")
 
 from kvcs.cli import main
 from kvcs.integrations.hf import descriptor_for, weights_revision

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
+import pytest
+
+torch = pytest.importorskip("torch", reason="the hf extra is not installed (pip install '.[hf]')")
 
 from kvcs.integrations.hf import LayerwisePrefill, cache_kwargs
 from kvcs.integrations.hf_testing import random_llama, random_llama_descriptor

@@ -417,9 +417,9 @@ def test_select_tracks_by_preference_skipping_what_is_not_implemented(
     assert select_tracks(offered, ["brotli", "zstd", "raw"]) == {
         KV: TrackName.parse("kv.zstd.s0")}  # brotli is listed but not implemented here
     assert select_tracks(offered, ["q8", "zstd"])[K] == TrackName.parse("k.q8.s0")
-    import kvcs.kv.assembly as assembly
+    import kvcs.kv.codecs as codecs  # the zstd record asks codecs.zstd_available
 
-    monkeypatch.setattr(assembly, "zstd_available", lambda: False)  # zstandard missing
+    monkeypatch.setattr(codecs, "zstd_available", lambda: False)  # zstandard missing
     assert select_tracks(offered, ["zstd", "raw"]) == KV_TRACKS
     with pytest.raises(ManifestError, match="no usable tracks"):
         select_tracks(offered, ["brotli", "zstd"])

@@ -20,6 +20,7 @@ from kvcs.endpoint import Endpoint, FetchResult, MoqtRequestError, serve_endpoin
 from kvcs.hosting import TrackHost
 from kvcs.moqt import events as ev
 from kvcs.moqt.errors import RequestErrorCode, SessionCode
+from kvcs.moqt.origin import Origin
 from kvcs.moqt.wire import (
     AuthToken,
     Location,
@@ -318,6 +319,36 @@ async def test_track_host_serves_one_origin_to_every_session(cert: DevCertificat
         await _close(b)
     finally:
         await host.aclose()
+
+
+async def test_shared_origin_reaches_every_sessions_subscribers(cert: DevCertificate) -> None:
+    """Endpoints serving one shared origin (``serve_endpoints(..., origin=shared)``): an
+    object published through either endpoint reaches the subscribers of both sessions at
+    once, although neither client sends anything (the origin wakes every session whose
+    serving wrote something, not only the publishing endpoint's)."""
+    shared: Origin[Endpoint] = Origin()
+    eps: list[Endpoint] = []
+    server = await serve_endpoints("127.0.0.1", 0, eps.append, certfile=str(cert.certfile),
+                                   keyfile=str(cert.keyfile), settings=SETTINGS,
+                                   origin=shared)
+    srv = Srv(server.port, eps, cert)
+    try:
+        (a, pa), (b, pb) = [await srv.connect() for _ in range(2)]
+        track = pa.create_track(NS, b"shared")
+        assert pb.origin is shared and pb.tracks[track.full_name] is track
+        subs = [await ep.subscribe(NS, b"shared", location_filter=LocationFilter.next_object())
+                for ep in (a, b)]
+        for i, via in enumerate((pa, pb, pa, pb)):
+            payload = f"object {i} through endpoint {eps.index(via)}".encode()
+            via.publish(track, 0, i, payload)
+            for sub in subs:
+                obj = await asyncio.wait_for(sub.__anext__(), 5)
+                assert (obj.object_id, bytes(obj.payload)) == (i, payload)
+        await _close(a, b)
+    finally:
+        for ep in eps:
+            ep.close()
+        await server.aclose()
 
 
 # ---------------------------------------------------------------- misbehaviour

@@ -15,6 +15,10 @@ __all__ = [
     "FETCH_PARAMS",
     "FILL_INNER_PARAMS",
     "FILL_PARAMETERS_COUNTED",
+    "MAX_PARAMETERS",
+    "MAX_RANGES",
+    "MAX_TOKENS",
+    "MAX_TOKEN_BYTES",
     "PARAM_AUTHORIZATION_TOKEN",
     "PARAM_EXPIRES",
     "PARAM_FILL_PARAMETERS",
@@ -48,6 +52,7 @@ __all__ = [
     "TRACK_STATUS_PARAMS",
     "AuthToken",
     "LocationFilter",
+    "MessageBudget",
     "Parameters",
     "RangeFilter",
     "decode_parameters",
@@ -109,6 +114,44 @@ ALL_PARAMS = frozenset(
     | RANGE_FILTER_TYPES
 )
 _REPEATABLE = frozenset({PARAM_AUTHORIZATION_TOKEN}) | RANGE_FILTER_TYPES
+
+# Parse-time limits (ours: draft-22 bounds a message by its 16-bit Length only, digest
+# 4.1). Checked before the per-parameter work: a SUBSCRIBE stuffed with 16,200 one-byte
+# tokens took 32 ms to decode (a plain one 3 us); stopped at the 17th token it takes ~25 us.
+MAX_PARAMETERS = 64
+"""Parameters in one message (FILL_PARAMETERS' inner ones counted apart): over it, the
+session closes with PROTOCOL_VIOLATION before any parameter is read."""
+MAX_TOKENS = 16
+"""AUTHORIZATION_TOKENs in one message, SETUP included (``SessionConfig.max_setup_tokens``
+may lower it for SETUP): the session closes with UNAUTHORIZED, the code SETUP uses."""
+MAX_TOKEN_BYTES = 16 << 10
+"""Token value bytes in one message (a JWT is 1-4 KiB): over it, UNAUTHORIZED."""
+MAX_RANGES = 256
+"""Ranges kept over all Range Filters of one message (MAX_FILTER_RANGES, 16 by default, is
+checked later with INVALID_FILTER): the rest of a filter is skipped unread and the filter
+marked ``overflow`` (invalid)."""
+
+
+class MessageBudget:
+    """What one message's parameters may still use (:data:`MAX_TOKENS` ...)."""
+
+    __slots__ = ("ranges", "token_bytes", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens = MAX_TOKENS
+        self.token_bytes = MAX_TOKEN_BYTES
+        self.ranges = MAX_RANGES
+
+    def token(self, n: int) -> None:
+        """Charge one token of ``n`` value bytes (raises UNAUTHORIZED past a limit)."""
+        self.tokens -= 1
+        self.token_bytes -= n
+        if self.tokens < 0:
+            raise ProtocolError(SessionCode.UNAUTHORIZED,
+                                f"more than {MAX_TOKENS} authorization tokens in a message")
+        if self.token_bytes < 0:
+            raise ProtocolError(SessionCode.UNAUTHORIZED, "more than "
+                                f"{MAX_TOKEN_BYTES} bytes of authorization tokens in a message")
 
 
 def encode_namespace(ns: Namespace) -> bytes:
@@ -355,6 +398,8 @@ class RangeFilter:
     ranges: tuple[tuple[int, int | None], ...] = ()
     property_type: int | None = None
     remove: bool = False
+    overflow: bool = False
+    """More ranges than a message may carry (:data:`MAX_RANGES`): the rest went unread."""
 
     def has_property_type(self) -> bool:
         """True for OBJECT_PROPERTY_FILTER / TRACK_PROPERTY_FILTER."""
@@ -364,6 +409,8 @@ class RangeFilter:
         """False if the filter should be refused with INVALID_FILTER."""
         if self.remove:
             return True
+        if self.overflow:
+            return False
         hi = 255 if self.param_type == PARAM_PRIORITY_FILTER else MAX_VI64
         for s, e in self.ranges:
             if s > hi or (e is not None and e > hi):
@@ -396,8 +443,9 @@ class RangeFilter:
         return bytes(out)
 
     @classmethod
-    def read_value(cls, param_type: int, r: Reader) -> RangeFilter:
-        """Decode a value occupying all of ``r`` (without Length)."""
+    def read_value(cls, param_type: int, r: Reader, limit: int = MAX_RANGES) -> RangeFilter:
+        """Decode a value occupying all of ``r`` (without Length), keeping at most ``limit``
+        ranges (the rest is skipped unread and the filter marked ``overflow``)."""
         if r.at_end:
             return cls(param_type, remove=True)
         set_id = r.u8()
@@ -407,6 +455,9 @@ class RangeFilter:
         ranges: list[tuple[int, int | None]] = []
         prev = 0
         while not r.at_end:
+            if len(ranges) >= limit:
+                r.pos = r.end
+                return cls(param_type, set_id, tuple(ranges), pt, overflow=True)
             s = prev + r.vi64()
             if r.at_end:
                 ranges.append((s, None))
@@ -519,11 +570,13 @@ def encode_parameters(p: Parameters) -> bytes:
     return bytes(out)
 
 
-def _read_one(r: Reader, t: int, p: Parameters, tokens: list, rfs: list) -> None:
+def _read_one(r: Reader, t: int, p: Parameters, tokens: list, rfs: list,
+              budget: MessageBudget) -> None:
     if t == 0x02:
         p.object_delivery_timeout = r.vi64()
     elif t == 0x03:
         n = r.vi64()
+        budget.token(n)
         tokens.append(AuthToken.decode(r.bytes(n)))
     elif t == 0x04:
         p.rendezvous_timeout = r.vi64()
@@ -550,9 +603,11 @@ def _read_one(r: Reader, t: int, p: Parameters, tokens: list, rfs: list) -> None
             raise violation(f"GROUP_ORDER value {v}")
         p.group_order = v
     elif t == 0x23:
-        p.fill = _read_fill(r.sub(r.vi64()))
+        p.fill = _read_fill(r.sub(r.vi64()), budget)
     elif 0x25 <= t <= 0x29:
-        rfs.append(RangeFilter.read_value(t, r.sub(r.vi64())))
+        rf = RangeFilter.read_value(t, r.sub(r.vi64()), budget.ranges)
+        budget.ranges -= len(rf.ranges)
+        rfs.append(rf)
     elif t == 0x32:
         p.new_group_request = r.vi64()
     elif t == 0x34:
@@ -566,7 +621,10 @@ def _read_one(r: Reader, t: int, p: Parameters, tokens: list, rfs: list) -> None
         raise violation(f"unknown parameter 0x{t:x}")
 
 
-def _read_params(r: Reader, allowed: frozenset[int], count: int | None) -> Parameters:
+def _read_params(r: Reader, allowed: frozenset[int], count: int | None,
+                 budget: MessageBudget) -> Parameters:
+    if count is not None and count > MAX_PARAMETERS:
+        raise violation(f"{count} parameters in a message (we accept {MAX_PARAMETERS})")
     p = Parameters()
     tokens: list[AuthToken] = []
     rfs: list[RangeFilter] = []
@@ -575,6 +633,8 @@ def _read_params(r: Reader, allowed: frozenset[int], count: int | None) -> Param
     i = 0
     while (count is None and r.pos < r.end) or (count is not None and i < count):
         i += 1
+        if i > MAX_PARAMETERS:
+            raise violation(f"more than {MAX_PARAMETERS} parameters in a message")
         t += r.vi64()
         if t not in ALL_PARAMS:
             raise violation(f"unknown parameter type 0x{t:x}")
@@ -583,7 +643,7 @@ def _read_params(r: Reader, allowed: frozenset[int], count: int | None) -> Param
         if t in seen and t not in _REPEATABLE:
             raise violation(f"parameter 0x{t:x} repeated")
         seen.add(t)
-        _read_one(r, t, p, tokens, rfs)
+        _read_one(r, t, p, tokens, rfs, budget)
     if tokens:
         p.auth_tokens = tuple(tokens)
     if rfs:
@@ -591,20 +651,22 @@ def _read_params(r: Reader, allowed: frozenset[int], count: int | None) -> Param
     return p
 
 
-def _read_fill(r: Reader) -> Parameters:
+def _read_fill(r: Reader, budget: MessageBudget) -> Parameters:
     """FILL_PARAMETERS value (U1): counted form first, count-less fallback (or reverse)."""
     if r.at_end:
         return Parameters()
     forms = (True, False) if FILL_PARAMETERS_COUNTED else (False, True)
     first_error: ProtocolError | None = None
+    ranges = budget.ranges
     for counted in forms:
         rr = Reader(r.buf, r.pos, r.end)
+        budget.ranges = ranges  # a form that failed charged nothing
         try:
             if counted:
-                p = _read_params(rr, FILL_INNER_PARAMS, rr.vi64())
+                p = _read_params(rr, FILL_INNER_PARAMS, rr.vi64(), budget)
                 rr.expect_end("FILL_PARAMETERS")
             else:
-                p = _read_params(rr, FILL_INNER_PARAMS, None)
+                p = _read_params(rr, FILL_INNER_PARAMS, None, budget)
         except ProtocolError as exc:
             if first_error is None:
                 first_error = exc
@@ -617,7 +679,8 @@ def _read_fill(r: Reader) -> Parameters:
 def decode_parameters(reader: Reader, allowed: frozenset[int]) -> Parameters:
     """Read Number of Parameters + entries from ``reader``.
 
-    Unknown types, types not in ``allowed`` and repeated non-repeatable types raise
-    PROTOCOL_VIOLATION.
+    Unknown types, types not in ``allowed``, repeated non-repeatable types and more than
+    :data:`MAX_PARAMETERS` raise PROTOCOL_VIOLATION; more than :data:`MAX_TOKENS` tokens or
+    :data:`MAX_TOKEN_BYTES` of them, UNAUTHORIZED.
     """
-    return _read_params(reader, allowed, reader.vi64())
+    return _read_params(reader, allowed, reader.vi64(), MessageBudget())

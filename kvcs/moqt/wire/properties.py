@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import ProtocolError, SessionCode, violation
 from .buffer import Reader
-from .params import AuthToken
+from .params import AuthToken, MessageBudget
 from .types import MAX_VI64
 from .vi64 import encode_vi64
 
@@ -206,9 +206,11 @@ class SetupOptions:
         seen: set[int] = set()
         tokens: list[AuthToken] = []
         unknown: list[tuple[int, int | bytes]] = []
+        budget = MessageBudget()
         for t, v in props:
             if t == SETUP_AUTHORIZATION_TOKEN:
                 assert isinstance(v, bytes)
+                budget.token(len(v))  # MAX_TOKENS / MAX_TOKEN_BYTES: UNAUTHORIZED
                 tok = AuthToken.decode(v)
                 if tok.alias_type in (0, 2):
                     raise violation("DELETE / USE_ALIAS authorization token in SETUP")

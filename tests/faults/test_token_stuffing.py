@@ -1,0 +1,171 @@
+"""Requests stuffed with AUTHORIZATION_TOKEN parameters against a relay with a 100-token
+auth file, over real QUIC, while a good consumer with a valid token fetches a cached
+track through it: its fetch takes at most 1.5 times as long as with the flooder frozen.
+
+Each stuffed SUBSCRIBE carries 16,200 tokens in one 64 KiB message (no valid token
+needed). Before issue 27 the relay decoded all of them (~32 ms of CPU) and compared each
+with every configured token (up to 42 ms) before its request pacer saw the request: a
+good consumer's 128 MiB fetch took 6.6-14.7 s instead of 1.3 s. The relay now stops at
+the parameter count (``wire.MAX_PARAMETERS``) and closes that session.
+
+The flooder is a process of its own (``python -m tests.faults.test_token_stuffing``, the
+``__main__`` part below), niced, that reconnects whenever the relay closes it. Fetch
+times are measured in alternating quiet and flooded phases of the same test (the flooder
+frozen with SIGSTOP, then let go); the ratio is the median over rounds, so that load
+changing on the shared machine hits both alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kvcs.auth import Authorizer
+from kvcs.endpoint import Endpoint
+from kvcs.moqt.wire import (
+    AuthToken,
+    LocationFilter,
+    ObjectStatus,
+    Parameters,
+    Subscribe,
+    encode_message,
+    encode_vi64,
+)
+from kvcs.testing import LocalNet
+from kvcs.transport import DevCertificate, QuicSettings
+
+from .hostile import hostile_client
+from .report import ScenarioRecord
+from .test_flood_relay import ROOT
+
+NS = (b"good", b"ns")
+OBJECTS, OBJECT_SIZE = 512, 32 << 10  # the good consumer's track: 16 MiB
+ROUNDS = 5
+FETCHES = 4
+"""Fetches of the track per phase (the phase's time is their sum)."""
+TASKS, PER_BURST = 4, 8
+"""Flooding tasks, and the stuffed requests each sends at once on a session."""
+GOOD_TOKEN = b"good-token-0"
+
+
+def _auth() -> Authorizer:
+    """100 tokens (the issue's auth file), one of them the good consumer's."""
+    tokens = [{"token": f"good-token-{i}", "subscribe": [["good"]], "publish": [["good"]]}
+              for i in range(100)]
+    return Authorizer.from_mapping({"tokens": tokens})
+
+
+def stuffed_subscribe(tokens: int = 16_200) -> Callable[[int], bytes]:
+    """SUBSCRIBEs filling their 64 KiB with empty-valued tokens, by Request ID (encoded
+    once: the tokens take ~30 ms to encode)."""
+    toks = tuple(AuthToken(3, token_type=0, value=b"") for _ in range(tokens))
+    msg = encode_message(Subscribe(0, NS, b"big", Parameters(auth_tokens=toks)))
+    rest = msg[4:]  # type 0x03, Length (2), Request ID 0 (1 byte)
+
+    def make(request_id: int) -> bytes:
+        body = encode_vi64(request_id) + rest
+        return encode_vi64(Subscribe.TYPE) + len(body).to_bytes(2, "big") + body
+    return make
+
+
+async def _fetch_time(ep: Endpoint) -> float:
+    start = time.perf_counter()
+    for _ in range(FETCHES):
+        res = await ep.fetch(NS, b"big", location_filter=LocationFilter.none())
+        got = sum(len(o.payload) for o in await res.collect(timeout=60))
+        assert got == OBJECTS * OBJECT_SIZE
+    return time.perf_counter() - start
+
+
+@pytest.mark.faults
+async def test_token_stuffed_requests_leave_a_good_fetch_its_time(
+        cert: DevCertificate, scenario: ScenarioRecord) -> None:
+    async with LocalNet(cert) as net:
+        relay = await net.relay(authorizer=_auth())
+        pub = await net.client(relay, token=GOOD_TOKEN)
+        await pub.announce(NS)
+        big = pub.create_track(NS, b"big")
+        for o in range(OBJECTS):
+            big.append(0, o, os.urandom(OBJECT_SIZE))
+        big.append(0, OBJECTS, b"", status=ObjectStatus.END_OF_TRACK)
+        good = await net.client(relay, token=GOOD_TOKEN)
+        await _fetch_time(good)  # cached by the relay from now on; warm-up
+
+        flooder = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.faults.test_token_stuffing", str(relay.port),
+            str(net.cert.certfile), cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+        assert flooder.stdout is not None
+        quiet: list[float] = []
+        flooded: list[float] = []
+        try:
+            assert (await asyncio.wait_for(flooder.stdout.readline(), 60)).strip() == b"ready"
+            for _ in range(ROUNDS):
+                flooder.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(0.3)  # what it sent before is handled
+                quiet.append(await _fetch_time(good))
+                flooder.send_signal(signal.SIGCONT)
+                await asyncio.sleep(0.3)
+                flooded.append(await _fetch_time(good))
+            flooder.terminate()
+            report = json.loads(await asyncio.wait_for(flooder.stdout.readline(), 60))
+        finally:
+            if flooder.returncode is None:
+                flooder.send_signal(signal.SIGCONT)
+                flooder.kill()
+            await flooder.wait()
+
+    ratio = statistics.median(f / q for q, f in zip(quiet, flooded, strict=True))
+    print(f"\nfetch s quiet {[round(q, 2) for q in quiet]}, flooded "
+          f"{[round(f, 2) for f in flooded]}; median ratio {ratio:.2f}; flooder {report}")
+    scenario.result = "fetch complete, stuffed sessions closed"
+    scenario.seconds = statistics.median(flooded)
+    scenario.goodput_ratio = 1 / ratio
+    assert report["sent"] > 0 and report["closed"] > 0, report
+    assert ratio <= 1.5, (quiet, flooded, report)
+
+
+async def _flood_task(port: int, cafile: str, stop: asyncio.Event,
+                      counts: dict[str, int]) -> None:
+    """Send stuffed SUBSCRIBEs on a session until the relay closes it, then reconnect."""
+    make = stuffed_subscribe()
+    while not stop.is_set():
+        try:
+            conn, h = await hostile_client(port, cafile, QuicSettings())
+        except (ConnectionError, TimeoutError, OSError, AssertionError):
+            counts["refused"] += 1
+            await asyncio.sleep(0.05)
+            continue
+        rid = 0
+        while not stop.is_set() and h.session.closed is None and not conn.is_closed:
+            for _ in range(PER_BURST):
+                try:
+                    h.write(make(rid), end=True)
+                except ValueError:  # no stream credit yet
+                    break
+                rid += 2
+                counts["sent"] += 1
+            conn.flush()
+            await asyncio.sleep(0.02)
+        counts["closed"] += 1
+        conn.close()
+
+
+async def _flood(port: int, cafile: str) -> dict[str, int]:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    counts = {"sent": 0, "closed": 0, "refused": 0}
+    print("ready", flush=True)
+    await asyncio.gather(*(_flood_task(port, cafile, stop, counts) for _ in range(TASKS)))
+    return counts
+
+
+if __name__ == "__main__":  # the flooder process: PORT CAFILE, until SIGTERM
+    os.nice(10)  # as a flooder on another host: the relay's process comes first
+    print(json.dumps(asyncio.run(_flood(int(sys.argv[1]), sys.argv[2]))), flush=True)

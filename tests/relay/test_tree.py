@@ -1,0 +1,147 @@
+"""A tree of relays that behaves as one cache (issue #25), through real QUIC on loopback:
+a root and edges below it; announcements travel up, requests are routed down to the edge
+holding the track, each hop caches and coalesces, and the links' metrics show it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvcs.endpoint import Endpoint
+from kvcs.moqt.wire import LocationFilter, ObjectStatus
+from kvcs.relay import Relay
+from kvcs.testing import until
+
+from .conftest import NEXT, WHOLE, Env, end_track, payload, publish_group
+
+NS = (b"kvcs-1", b"\x42" * 16, b"\x5e" * 32, b"\x65" * 32, b"\x0a" * 16)
+PREFIX = NS[:2]
+NAMES = (b"manifest", b"k.raw.s0", b"v.raw.s0")
+GROUPS, PER_GROUP, SIZE = 4, 8, 4096
+TRACK_BYTES = GROUPS * PER_GROUP * SIZE
+
+
+def _publish(pub: Endpoint) -> None:
+    for name in NAMES:
+        track = pub.create_track(NS, name)
+        for g in range(GROUPS):
+            publish_group(pub, track, g, PER_GROUP, SIZE)
+        end_track(pub, track, GROUPS)
+
+
+async def _fetch(ep: Endpoint, name: bytes) -> None:
+    res = await ep.fetch(NS, name, location_filter=LocationFilter.none())
+    got = await res.collect(timeout=10)
+    assert [(o.group_id, o.object_id) for o in got] == [
+        (g, o) for g in range(GROUPS) for o in range(PER_GROUP)]
+    assert all(bytes(o.payload) == payload(o.group_id, o.object_id, SIZE) for o in got)
+
+
+def _link(relay: Relay, what: str, link: str) -> float:
+    return relay.metrics.get(f"kvcs_relay_link_{what}_total", link=link)
+
+
+def _up(relay: Relay) -> str:
+    return f"upstream {relay.upstream_url}"
+
+
+async def test_tree_one_cache(env: Env) -> None:
+    root = await env.relay()
+    e1, e2, e3 = [await env.relay(upstream=root) for _ in range(3)]
+    # watchers at the root and at the sibling edges, before anything is published
+    watches = []
+    for relay in (root, e2, e3):
+        w = await env.client(relay)
+        watches.append(await w.subscribe_namespace(PREFIX))
+    pub = await env.client(e1)
+    await pub.announce(NS)
+    _publish(pub)
+    for watch in watches:  # the announcement travelled up, then down the other branches
+        assert await watch.next(5) == (True, NS)
+    # consumers at edges 2 and 3 retrieve the manifest and K, identical bytes; three at
+    # edge 2 at once share one upstream subscription per track
+    cs2 = [await env.client(e2) for _ in range(3)]
+    c3 = await env.client(e3)
+    await asyncio.gather(*[_fetch(c, n) for c in (*cs2, c3) for n in NAMES[:2]])
+    # each link carried each object once: e1 -> root once, root -> e2 once, root -> e3 once
+    for relay in (e2, e3):
+        assert _link(relay, "bytes_in", _up(relay)) == 2 * TRACK_BYTES
+    assert _link(e1, "bytes_out", _up(e1)) == 2 * TRACK_BYTES
+    assert root.metrics.get("kvcs_relay_bytes_in_total") == 2 * TRACK_BYTES
+    assert root.metrics.get("kvcs_relay_bytes_out_total") == 4 * TRACK_BYTES
+    assert pub.server.bytes_sent == 2 * TRACK_BYTES
+    # a live subscriber at edge 3 while one is already following at edge 2: one copy
+    s2 = await cs2[0].subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+    s3 = await c3.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+    for sub in (s2, s3):
+        got = [o for o in await sub.collect(timeout=10) if o.status == ObjectStatus.NORMAL]
+        assert len(got) == GROUPS * PER_GROUP
+        assert sub.done is not None and sub.done.status == 2  # TRACK_ENDED
+    # publish and go: the publisher hands over to edge 1 and leaves; edge 1 keeps the
+    # publication announced upstream, so a new edge finds and retrieves every track (V
+    # was never pulled through the root: it comes down from edge 1)
+    await pub.hand_over(NS, timeout=10)
+    pub.close()
+    await pub.wait_closed()
+    await until(lambda: NS in e1.namespaces.retained)
+    assert NS in e1.announcer.forwarded
+    for watch in watches:
+        assert await watch.next(0.3) is None  # still available everywhere
+    e4 = await env.relay(upstream=root)
+    c4 = await env.client(e4)
+    w4 = await c4.subscribe_namespace(PREFIX)
+    assert await w4.next(5) == (True, NS)
+    for name in NAMES:
+        await _fetch(c4, name)
+    assert root.cache.get((NS, b"v.raw.s0")).complete
+    # one copy of each track on each link: V went up from edge 1 once, for edge 4
+    assert _link(e4, "bytes_in", _up(e4)) == 3 * TRACK_BYTES
+    assert _link(e1, "bytes_out", _up(e1)) == 3 * TRACK_BYTES
+
+
+async def test_withdrawal_travels_up(env: Env) -> None:
+    root = await env.relay()
+    e1, e2 = [await env.relay(upstream=root) for _ in range(2)]
+    w = await env.client(e2)
+    watch = await w.subscribe_namespace(PREFIX)
+    pub = await env.client(e1)
+    await pub.announce(NS)
+    assert await watch.next(5) == (True, NS)
+    pub.withdraw(NS)  # nothing held: nothing kept
+    assert await watch.next(5) == (False, NS)
+    await until(lambda: not e1.announcer.forwarded and not root.publishers)
+    pub2 = await env.client(e2)  # at the watcher's own edge, then gone with its session
+    ns2 = (*PREFIX, b"\x01")
+    await pub2.announce(ns2)
+    assert await watch.next(5) == (True, ns2)
+    await until(lambda: ns2 in root.publishers)
+    pub2.close()
+    assert await watch.next(5) == (False, ns2)
+    await until(lambda: ns2 not in root.publishers)
+
+
+async def test_several_upstreams_tried_in_order(env: Env) -> None:
+    """An edge lists two upstream relays: the first that answers is used; when it goes,
+    the edge moves to the other one and announces its namespaces there."""
+    a, b = await env.relay(), await env.relay()
+    dead = await env.relay()
+    dead_url = f"moqt://127.0.0.1:{dead.port}/"
+    await dead.stop(grace=0)
+    env.relays.remove(dead)
+    urls = [f"moqt://127.0.0.1:{r.port}/" for r in (a, b)]
+    edge = await env.relay(upstream=urls[0], upstream_linger=0, upstream_timeout=1.0)
+    edge.config.upstream = [dead_url, *urls]  # the first does not answer
+    pub = await env.client(edge)
+    await pub.announce(NS)
+    await until(lambda: NS in a.publishers)
+    # reconnecting goes through the list in order: the dead one, then a
+    await a.stop(grace=0)
+    env.relays.remove(a)
+    await until(lambda: edge.upstream_url == urls[1] and NS in b.publishers, 15)
+    c = await env.client(b)
+    track = pub.create_track(NS, b"k.raw.s0")
+    publish_group(pub, track, 0, PER_GROUP, SIZE)
+    end_track(pub, track, 1)
+    res = await c.fetch(NS, b"k.raw.s0", location_filter=LocationFilter.none())
+    got = await res.collect(timeout=10)
+    assert [bytes(o.payload) for o in got] == [payload(0, o, SIZE) for o in range(PER_GROUP)]
+    assert edge.metrics.get("kvcs_relay_upstream_reconnects_total") == 1
