@@ -49,9 +49,11 @@ class Worker:
         await self._line("READY", timeout)
 
     async def generate(self, tokens: list[int], max_tokens: int = 16,
-                       cache_salt: str | None = None, timeout: float = 300) -> dict[str, Any]:
+                       cache_salt: str | None = None, timeout: float = 300,
+                       stop_token_ids: list[int] | None = None) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        req = {"prompt_token_ids": tokens, "max_tokens": max_tokens, "cache_salt": cache_salt}
+        req = {"prompt_token_ids": tokens, "max_tokens": max_tokens, "cache_salt": cache_salt,
+               "stop_token_ids": stop_token_ids or []}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         await self.proc.stdin.drain()
         line = await self._line("RESULT ", timeout)

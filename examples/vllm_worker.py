@@ -8,8 +8,8 @@ or without a KV connector, serving prompts given as JSON lines on stdin.
 kv_both), ``none`` (no connector), ``example-save``/``example-load`` (vLLM's own
 ExampleConnector on local disk, for the bench). It prints ``READY`` once the engine is up,
 then for each request line ``{"prompt_token_ids": [...], "max_tokens": 16, "cache_salt":
-null}`` one line ``RESULT {"tokens": [...], "num_cached_tokens": n, "seconds": s}``
-(``seconds``: the wall time of ``LLM.generate``; with ``max_tokens`` 1 that is the
+null, "stop_token_ids": []}`` one line ``RESULT {"tokens": [...], "num_cached_tokens": n,
+"seconds": s}`` (``seconds``: the wall time of ``LLM.generate``; with ``max_tokens`` 1 that is the
 time to first token). An empty line or EOF ends it.
 """
 
@@ -81,8 +81,10 @@ def main(args: argparse.Namespace) -> int:
         prompt: dict[str, Any] = {"prompt_token_ids": req["prompt_token_ids"]}
         if req.get("cache_salt"):
             prompt["cache_salt"] = req["cache_salt"]
+        # without a tokenizer vLLM knows no EOS: the caller names its stop tokens, or none
+        stop = [int(t) for t in req.get("stop_token_ids") or []]
         params = SamplingParams(max_tokens=int(req.get("max_tokens", 16)), temperature=0.0,
-                                detokenize=False, ignore_eos=True)
+                                detokenize=False, ignore_eos=not stop, stop_token_ids=stop)
         t0 = time.perf_counter()
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         seconds = time.perf_counter() - t0

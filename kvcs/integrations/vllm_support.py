@@ -257,6 +257,8 @@ class Relays:
         self._endpoints: dict[str, Endpoint] = {}
         self._lock: asyncio.Lock | None = None
         self._reconnecting: asyncio.Future[list[Endpoint]] | None = None
+        self.indexes: dict[tuple[int, tuple[bytes, ...]], ScopeIndex] = {}
+        """(session, namespace prefix) -> its live index (:func:`scope_index`)."""
         self._last_attempt = 0.0
 
     async def _connect(self, url: str) -> Endpoint | None:
@@ -333,42 +335,81 @@ class Match:
     """Index of the relay session it was found on."""
 
 
-SETTLE_S = 0.02
-"""How long a lookup waits for NAMESPACE messages after REQUEST_OK: a kvcs relay sends
-the matching namespaces right behind REQUEST_OK on the same stream (measured on loopback:
-they arrive in the same read), so this only bounds a relay that delays them."""
+SETTLE_S = 0.05
+"""How long opening a scope's index waits for the NAMESPACE messages of what is published
+already: a kvcs relay sends the ones it knows right behind REQUEST_OK and forwards its
+upstream's as they come (a relay below another one asks it first: measured 5-40 ms on the
+loaded loopback). Only the first lookup of a scope in a process waits this."""
 
 
-async def longest_prefix(endpoint: Endpoint, scope: ScopeKey, compat_id: bytes,
-                         keys: Sequence[bytes], timeout: float) -> tuple[tuple[bytes, ...], int]:
-    """The publication of the longest prefix of ``keys`` under (scope, CompatID) in ONE
+class ScopeIndex:
+    """The publications of one (scope, CompatID) on one relay, kept current by ONE standing
     SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID): every publication's AnchorKey is
-    the Block Key of its last block, so the one whose AnchorKey is the prompt's Block Key
-    at the highest index covers the most. Returns (namespace fields, blocks), blocks 0 on
-    a miss; waits at most ``timeout`` s."""
-    where = {k: i for i, k in enumerate(keys)}
-    prefix = (b"kvcs-1", scope_id(scope), compat_id)
-    best: tuple[tuple[bytes, ...], int] = ((), 0)
-    try:
-        watch = await asyncio.wait_for(endpoint.subscribe_namespace(prefix), timeout)
-    except TimeoutError:
-        log.warning("kvcs: SUBSCRIBE_NAMESPACE unanswered for %.1f s", timeout)
-        return best
-    try:
+    the Block Key of its last block, so a prompt's longest published prefix is the highest
+    index at which one of its Block Keys is an AnchorKey here: a lookup is a table lookup,
+    and a miss costs no round trip."""
+
+    def __init__(self, endpoint: Endpoint, prefix: tuple[bytes, ...]) -> None:
+        self.endpoint = endpoint
+        self.prefix = prefix
+        self.anchors: dict[bytes, tuple[bytes, ...]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return (self.task is not None and not self.task.done()
+                and not self.endpoint.is_closed)
+
+    async def open(self, timeout: float) -> None:
+        """Subscribe and take what is published now (within ``timeout``)."""
+        watch = await asyncio.wait_for(self.endpoint.subscribe_namespace(self.prefix), timeout)
         while (change := await watch.next(SETTLE_S)) is not None:
-            added, ns = change
-            if not added:
-                continue
-            try:
-                kns = KvcsNamespace.from_fields(ns)
-            except ValueError:
-                continue
-            i = where.get(kns.anchor_key)
-            if i is not None and i + 1 > best[1]:
-                best = (tuple(ns), i + 1)
-    finally:
-        await watch.cancel()
-    return best
+            self._take(*change)
+        self.task = asyncio.ensure_future(self._follow(watch))
+
+    async def _follow(self, watch: Any) -> None:
+        try:
+            async for change in watch:
+                self._take(*change)
+        except Exception as exc:  # the session ended: the index is reopened on next use
+            log.info("kvcs: namespace watch ended: %s", exc)
+
+    def _take(self, added: bool, ns: Sequence[bytes]) -> None:
+        try:
+            kns = KvcsNamespace.from_fields(ns)
+        except ValueError:
+            return
+        if added:
+            self.anchors[kns.anchor_key] = tuple(ns)
+        elif self.anchors.get(kns.anchor_key) == tuple(ns):
+            del self.anchors[kns.anchor_key]
+
+    def longest(self, keys: Sequence[bytes]) -> tuple[tuple[bytes, ...], int]:
+        """(namespace fields, blocks) of the longest published prefix of ``keys``; blocks 0:
+        none."""
+        for i in range(len(keys) - 1, -1, -1):
+            fields = self.anchors.get(keys[i])
+            if fields is not None:
+                return fields, i + 1
+        return (), 0
+
+
+async def scope_index(relays: Relays, scope: ScopeKey, compat_id: bytes,
+                      timeout: float) -> tuple[ScopeIndex | None, int]:
+    """The live index of (scope, CompatID) on the first open relay session, opened if
+    needed; with the round trips it took (0 or 1). None: no relay session is open."""
+    eps = relays.ready()
+    if not eps:
+        return None, 0
+    prefix = (b"kvcs-1", scope_id(scope), compat_id)
+    key = (id(eps[0]), prefix)
+    index = relays.indexes.get(key)
+    if index is not None and index.alive:
+        return index, 0
+    index = ScopeIndex(eps[0], prefix)
+    await index.open(timeout)
+    relays.indexes[key] = index
+    return index, 1
 
 
 def prompt_keys(scope: ScopeKey, desc: CompatDescriptor, tokens: Sequence[int]) -> list[bytes]:
