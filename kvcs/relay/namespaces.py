@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from ..auth import render_namespace
-from ..endpoint import send_namespace_notices
+from ..binding import send_namespace_notices
 from ..moqt import events as ev
 from ..moqt.origin import NamespaceNotice, Origin
 from ..moqt.track import Track

@@ -1,0 +1,380 @@
+"""MOQT (a relay, or the publisher itself) as a source of blocks: the transfer of one
+segment's data tracks (SUBSCRIBE with a fill, FETCH of layer spans, or following the
+current group, as the relay profile says), objects verified in batches on their way to
+the segment's :class:`~kvcs.kv.assembly.LayerAssembler`, and FETCHes of missing blocks.
+
+A :class:`SegmentRun` is one segment of a :class:`~kvcs.kvnet.retrieval.Retrieval`;
+:class:`MoqtSource` is an endpoint and publication that recovery asks for what a run
+misses (:class:`~kvcs.kvnet.http_source.HttpSource` is the other kind of source)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
+from ..kv.assembly import KvLayer, LayerArrays, LayerAssembler, Outcome, select_tracks
+from ..kv.component import Component
+from ..kv.manifest import Manifest, Segment
+from ..kv.payload import HEADER_SIZE
+from ..kv.secure import effective_priority
+from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionUsageError
+from ..moqt.wire import (
+    PARAM_OBJECTID_FILTER,
+    LocationFilter,
+    ObjectStatus,
+    Parameters,
+    Properties,
+    RangeFilter,
+)
+from .consumer_types import Publication
+from .manifest_track import TRANSIENT
+from .offload import sha256_digests
+from .relay_profile import TrackRetrieval
+
+if TYPE_CHECKING:
+    from .retrieval import Retrieval
+
+__all__ = ["SOURCE_LOST", "Intake", "MoqtSource", "Progress", "SegmentRun"]
+
+log = logging.getLogger(__name__)
+
+#: PUBLISH_DONE codes that end a subscription because its source went away, not because
+#: the track ended or was refused: the transfer goes on elsewhere.
+SOURCE_LOST = frozenset({PublishDoneCode.INTERNAL_ERROR, PublishDoneCode.GOING_AWAY,
+                         PublishDoneCode.EXCESSIVE_LOAD, PublishDoneCode.TOO_FAR_BEHIND})
+
+
+class Progress:
+    """Wake-ups and the time of the last progress of one retrieval (all its segments)."""
+
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        """Set when a layer may have become ready, a feeder ended or a manifest arrived."""
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+
+    def made(self) -> None:
+        """Something was verified and placed: the no-progress clock restarts."""
+        self.last = self.loop.time()
+
+
+Received = tuple["SegmentRun", Component, ReceivedObject, Properties, "Publication | None"]
+"""A received object on its way to a segment's assembler: (run, kind, object, the track
+properties it inherits a priority from, the publication when another one's)."""
+
+
+class Intake:
+    """The received objects of one retrieval on their way to the assemblers, in batches:
+    the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
+    the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
+    object is verified and placed on the event-loop thread, in arrival order. A batch is
+    what arrived while the previous one was hashed (at least one loop turn's)."""
+
+    def __init__(self) -> None:
+        self._pending: list[Received] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, item: Received) -> None:
+        """Queue one object (others than normal ones are dropped: they carry no block)."""
+        if item[2].status != ObjectStatus.NORMAL:
+            return
+        self._pending.append(item)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                # protected objects are hashed once decrypted, by the assembler
+                plain = [i for i, (run, *_) in enumerate(batch) if run.assembler.secure is None]
+                digests = await sha256_digests(
+                    [batch[i][2].payload[HEADER_SIZE:] for i in plain])
+                computed: list[bytes | None] = [None] * len(batch)
+                for i, digest in zip(plain, digests, strict=True):
+                    computed[i] = digest
+                for (run, kind, obj, props, pub), known in zip(batch, computed, strict=True):
+                    run.take(kind, obj, props, pub, known)
+        finally:
+            self._task = None
+
+    async def flush(self) -> None:
+        """Wait until every object queued so far is verified and placed."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    def close(self) -> None:
+        """Drop what is queued (the retrieval has ended)."""
+        self._pending.clear()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class SegmentRun:
+    """The transfer of one segment of a :class:`~kvcs.kvnet.retrieval.Retrieval`: feeds
+    every object of its selected tracks to a :class:`LayerAssembler`, and fetches its
+    missing blocks when recovery asks (:meth:`fetch_missing`)."""
+
+    def __init__(self, retrieval: Retrieval, seg: Segment, n: int, row: int) -> None:
+        c = retrieval.consumer
+        self.r = retrieval
+        self.c = c
+        self.seg = seg
+        self.n = n
+        self.row = row
+        """Where the segment's tokens start in a layer of the retrieval."""
+        self.assembler = LayerAssembler(
+            c.descriptor, retrieval.layers, n, tracks=select_tracks(seg, c.codecs),
+            first_block=seg.first_block, block_keys=c.keys,
+            require_signed=c.require_signed, secure=c.secure, namespace=retrieval.pub.fields,
+            key_wait_s=c.key_wait_s, stats=c.stats,
+            arrays=None if retrieval.into is None else self._arrays)
+        self.assembler.use_manifest(retrieval.manifest)
+        self.feeding = 0
+        """Feeders (one per selected track) still running."""
+        self.interrupted = False
+        """A feeder lost its source (session ended, relay or publisher gone): the run goes
+        on elsewhere (:meth:`resume`)."""
+        self.resumes = 0
+        self.popped: dict[int, KvLayer] = {}
+        """Layers assembled but not yet yielded (waiting for the other segments)."""
+
+    @property
+    def complete(self) -> bool:
+        """The segment is complete (as far as the newest manifest version read says)."""
+        seg = self.r.manifest.segment(self.seg.segment)
+        return seg is not None and seg.complete
+
+    def start(self, ep: Endpoint) -> list[asyncio.Task[None]]:
+        """Start one feeder per selected track."""
+        retrieval = self.c.relay_profile.track_retrieval(self.complete)
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(), retrieval))
+                 for kind, track in self.assembler.tracks.items()]
+        self.feeding += len(tasks)
+        return tasks
+
+    def _arrays(self, layer: int) -> LayerArrays:
+        """This segment's rows of the caller's arrays of ``layer``."""
+        assert self.r.into is not None
+        k, v = self.r.into[layer]
+        rows = slice(self.row, self.row + self.n * self.c.descriptor.block_tokens)
+        return k[rows], v[rows]
+
+    def resume(self, ep: Endpoint) -> list[asyncio.Task[None]]:
+        """Go on on ``ep`` after the source was lost: the missing blocks of a completed
+        segment are fetched; a live one is retrieved again (duplicates are dropped)."""
+        self.interrupted = False
+        self.resumes += 1
+        missing = self.assembler.missing()
+        if not missing:
+            return []
+        log.info("resuming segment %d (%d incomplete layer(s)) after losing its source",
+                 self.seg.segment, len(missing))
+        if not self.complete:
+            return self.start(ep)
+        layers = sorted(missing)
+        blocks = sorted({b for bs in missing.values() for b in bs})
+        tasks = [asyncio.create_task(self._feed(ep, kind, track.format(),
+                                                TrackRetrieval.FETCH, layers, blocks))
+                 for kind, track in self.assembler.tracks.items()]
+        self.feeding += len(tasks)
+        return tasks
+
+    def _source_lost(self, sub: Subscription) -> None:
+        """Note a subscription that ended without its track ending."""
+        if sub.done is None or sub.done.status in SOURCE_LOST:
+            self.interrupted = True
+
+    def same_segment(self, m: Manifest) -> bool:
+        """``m`` (an alternate publication's manifest) has this segment with the same blocks
+        and our tracks, so its objects sit at the same Locations."""
+        other = m.segment(self.seg.segment)
+        return other is not None and other.first_block == self.seg.first_block and \
+            other.block_keys_sha256 == self.seg.block_keys_sha256 and \
+            all(t.format() in other.tracks for t in self.assembler.tracks.values())
+
+    def take(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
+             pub: Publication | None, data_sha256: bytes | None) -> None:
+        """Give one received object (of ``pub``, default this publication) to the
+        assembler (:class:`Intake` computed ``data_sha256``, the SHA-256 of its Data, if
+        not None); note progress, wake the loop when a layer completed or the object waits
+        for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the
+        priority an object inherits (protected objects authenticate it)."""
+        outcome = self.assembler.accept(
+            kind, obj.group_id, obj.object_id, obj.payload,
+            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
+            properties=obj.properties,
+            namespace=None if pub is None or pub is self.r.pub else pub.fields,
+            data_sha256=data_sha256)
+        if outcome is Outcome.HELD:
+            self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
+        elif outcome is Outcome.PLACED:
+            self.r.progress.made()
+        elif outcome is Outcome.LAYER_COMPLETE:
+            self.r.progress.made()
+            self.r.progress.ready.set()
+
+    # -- transfer --------------------------------------------------------------------
+
+    def _fetch_params(self, ep: Endpoint, blocks: Sequence[int] | None = None,
+                      ) -> tuple[RangeFilter, ...]:
+        """OBJECTID_FILTER for the needed blocks, when the peer allows enough ranges."""
+        wanted = sorted(set(blocks)) if blocks is not None else list(range(self.n))
+        ranges: list[tuple[int, int | None]] = []
+        for b in wanted:
+            if ranges and ranges[-1][1] == b - 1:
+                ranges[-1] = (ranges[-1][0], b)
+            else:
+                ranges.append((b, b))
+        if ranges == [(0, self.seg.blocks - 1)]:
+            return ()  # everything: no filter needed
+        limit = ep.peer_max_filter_ranges
+        if not limit:
+            return ()
+        if len(ranges) > limit:
+            ranges = [(wanted[0], wanted[-1])]
+        return (RangeFilter(PARAM_OBJECTID_FILTER, 0, tuple(ranges)),)
+
+    async def _feed(self, ep: Endpoint, kind: Component, name: str,
+                    retrieval: TrackRetrieval, layers: Sequence[int] | None = None,
+                    blocks: Sequence[int] | None = None) -> None:
+        pub = self.r.pub
+        try:
+            if retrieval is TrackRetrieval.FETCH:
+                await self._fetch_layers(ep, pub, kind, name,
+                                         self.assembler.layers if layers is None else layers,
+                                         blocks)
+            elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
+                sub = await ep.subscribe(
+                    pub.fields, name.encode(),
+                    location_filter=LocationFilter.next_object(),
+                    fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
+                    priority=0)
+                try:
+                    await self._take_all(sub, kind, sub.track_properties)
+                    self._source_lost(sub)
+                finally:
+                    if not sub.finished:
+                        await sub.cancel()
+            else:
+                await self._follow_current_group(ep, kind, name)
+        except (MoqtRequestError, ConnectionError, SessionUsageError) as exc:
+            log.warning("retrieval of %s failed: %s", name, exc)
+            if self.resumes or not isinstance(exc, MoqtRequestError) or exc.code in TRANSIENT:
+                self.interrupted = True  # the source went away (or again, once resumed)
+        finally:
+            self.feeding -= 1
+            self.r.progress.ready.set()
+
+    async def _follow_current_group(self, ep: Endpoint, kind: Component, name: str) -> None:
+        """A track behind a relay that fills only inside the current group: SUBSCRIBE
+        Next Object + a fill of the current group (Relative Start 1), and one FETCH per
+        layer before the current one, while the subscription runs. Overlaps are harmless
+        (duplicates are dropped); nothing is missed: the fill and the live part cover
+        {Largest.Group, 0} onwards, the FETCHes everything before."""
+        pub = self.r.pub
+        sub = await ep.subscribe(
+            pub.fields, name.encode(),
+            location_filter=LocationFilter.next_object(),
+            fill=Parameters(location_filter=LocationFilter.relative_start(1)),
+            priority=0)
+
+        live = asyncio.create_task(self._take_all(sub, kind, sub.track_properties))
+        try:
+            largest = sub.largest
+            if largest is not None:
+                past = [g for g in self.assembler.layers if g < largest.group]
+                await self._fetch_layers(ep, pub, kind, name, past)
+            await live
+            self._source_lost(sub)
+        finally:
+            live.cancel()
+            with contextlib.suppress(BaseException):
+                await live
+            if not sub.finished:
+                with contextlib.suppress(ConnectionError, KeyError, ValueError):
+                    await sub.cancel()
+
+    async def _fetch_layers(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
+                            layers: Sequence[int], blocks: Sequence[int] | None = None) -> None:
+        rf = self._fetch_params(ep, blocks)
+        for a, b in self.c.relay_profile.fetch_spans(layers):
+            try:
+                await self._fetch(ep, pub, kind, name, a, b, rf)
+            except MoqtRequestError as exc:
+                if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
+                                              RequestErrorCode.INVALID_RANGE,
+                                              RequestErrorCode.INTERNAL_ERROR):
+                    raise
+                # relays that refuse multi-group FETCH: one FETCH per layer
+                for g in range(a, b + 1):
+                    await self._fetch(ep, pub, kind, name, g, g, rf)
+
+    async def _fetch(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
+                     first: int, last: int, rf: tuple[RangeFilter, ...]) -> None:
+        """FETCH layers ``first..last`` of a track and give every object to the assembler."""
+        res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
+                             location_filter=LocationFilter.absolute_group_end(
+                                 first, 0, last - first))
+        props = res.ok.track_properties if res.ok is not None else ()
+        await self._take_all(res, kind, props, pub)
+
+    async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
+                        track_properties: Properties, pub: Publication | None = None) -> None:
+        """Give every object of a subscription or fetch to the retrieval's intake until
+        it ends (each as it is parsed: a callback, no queue; those queued before through
+        the iterator) and wait until they are all verified and placed."""
+        put = self.r.intake.put
+        stream.deliver_to(lambda obj: put((self, kind, obj, track_properties, pub)))
+        async for obj in stream:
+            put((self, kind, obj, track_properties, pub))
+        await self.r.intake.flush()
+
+    async def fetch_missing(self, ep: Endpoint, pub: Publication,
+                            missing: dict[int, list[int]], deadline: float) -> None:
+        """FETCH the ``missing`` blocks of each selected track of ``pub`` (this publication
+        or a deterministic alternate) from ``ep`` until ``deadline`` (``time.monotonic``)."""
+        if ep.is_closed:
+            return
+        layers = sorted(missing)
+        blocks = sorted({b for bs in missing.values() for b in bs})
+        for kind, track in self.assembler.tracks.items():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            name = track.format()
+            try:
+                await asyncio.wait_for(
+                    self._fetch_layers(ep, pub, kind, name, layers, blocks), left)
+            except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
+                log.info("recovery fetch of %s failed: %s", name, exc or "timeout")
+
+
+class MoqtSource:
+    """An endpoint and a publication recovery asks for a segment's missing blocks: the
+    retrieval's own publication, or (``manifest`` given) a deterministic alternate whose
+    objects sit at the same Locations."""
+
+    def __init__(self, endpoint: Endpoint, pub: Publication,
+                 manifest: Manifest | None = None) -> None:
+        self.endpoint = endpoint
+        self.pub = pub
+        self.manifest = manifest
+
+    def describe(self) -> str:
+        return self.pub.namespace.publication_id.hex()[:8]
+
+    async def recover(self, segment: SegmentRun, deadline: float) -> bool:
+        """FETCH what ``segment`` misses; False if there was nothing to ask this source."""
+        missing = segment.assembler.missing()
+        if not missing or (self.manifest is not None and not segment.same_segment(self.manifest)):
+            return False
+        log.info("recovering %d incomplete layer(s) of segment %d from %s",
+                 len(missing), segment.seg.segment, self.describe())
+        await segment.fetch_missing(self.endpoint, self.pub, missing, deadline)
+        return True
