@@ -49,7 +49,6 @@ from .moqt.track import Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
-    Fetch,
     FetchOk,
     GroupOrder,
     Location,
@@ -58,18 +57,15 @@ from .moqt.wire import (
     Parameters,
     Properties,
     PublishDone,
-    PublishNamespace,
     RangeFilter,
     RequestError,
     RequestOk,
-    Subscribe,
-    SubscribeNamespace,
     SubscribeOk,
     TrackNamespace,
-    TrackStatus,
     namespace_has_prefix,
 )
 from .publishing import OriginPublisher
+from .routing import Router
 from .transport import MoqtConnection, QuicSettings, Server
 
 log = logging.getLogger(__name__)
@@ -254,6 +250,8 @@ class Endpoint(OriginPublisher, BoundSession):
         self.admission = admission
         """Checks the peer's requests (tokens, limits) before they are answered; None:
         every request is answered (a client endpoint trusts its relay)."""
+        self.router: Router[Endpoint] = _EndpointRouter(self.origin, admission)
+        """Routes the peer's requests (:mod:`kvcs.routing`)."""
         self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
         self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
         self._requests: dict[int, Any] = {}
@@ -466,33 +464,8 @@ class Endpoint(OriginPublisher, BoundSession):
 
     def handle_request(self, e: ev.RequestReceived) -> None:
         """Answer the peer's request from :attr:`origin` (once :attr:`admission` admits
-        it)."""
-        m = e.message
-        s = self.session
-        if self.admission is not None:
-            refusal = self.admission.check(self.peer_setup, m, self.open_requests(),
-                                           self.server.fetching)
-            if refusal is not None:
-                if refusal.close_session:
-                    self.close(refusal.code, refusal.reason)
-                else:
-                    s.request_error(e.request_id, refusal.code, refusal.reason,
-                                    retry_interval=refusal.retry_ms)
-                return
-        if isinstance(m, Subscribe | Fetch | TrackStatus):
-            track = self.origin.track(m.namespace, m.name)
-            if track is None:
-                s.request_error(e.request_id, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            else:
-                self.server.serve(e.request_id, m, track)
-        elif isinstance(m, PublishNamespace):
-            self.peer_namespaces[e.request_id] = tuple(m.namespace)
-            s.request_ok(e.request_id)
-        elif isinstance(m, SubscribeNamespace):
-            s.request_ok(e.request_id)
-            send_namespace_notices(self.origin.watch(self, e.request_id, m.namespace_prefix))
-        else:
-            super().handle_request(e)
+        it): :attr:`router`."""
+        self.router.route(self, e)
 
     # ----------------------------------------------------------------- responses
 
@@ -576,6 +549,13 @@ class Endpoint(OriginPublisher, BoundSession):
         for rid in self.origin.watches(self):
             self.origin.unwatch(self, rid)
         send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
+
+
+class _EndpointRouter(Router[Endpoint]):
+    """An application's routing: it records the peer's PUBLISH_NAMESPACEs."""
+
+    def published(self, session: Endpoint, request_id: int, namespace: TrackNamespace) -> None:
+        session.peer_namespaces[request_id] = namespace
 
 
 def _done_name(done: PublishDone) -> str:
