@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from .admission import Admission
@@ -53,6 +53,7 @@ from .moqt.wire import (
     GroupOrder,
     Location,
     LocationFilter,
+    ObjectRecord,
     Parameters,
     Properties,
     PublishDone,
@@ -76,23 +77,12 @@ class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedObject:
-    """One object as the application sees it; ``payload`` is a zero-copy view."""
+@dataclass(slots=True)
+class ReceivedObject(ObjectRecord):
+    """One object as the application sees it: an :class:`ObjectRecord` (``payload`` a
+    zero-copy view) and whether it came by a fill (FETCH) rather than the subscription."""
 
-    group_id: int
-    object_id: int
-    subgroup_id: int
-    publisher_priority: int | None
-    status: int
-    properties: Properties
-    payload: memoryview
-    fill: bool
-
-    @property
-    def location(self) -> Location:
-        """The object's Location."""
-        return Location(self.group_id, self.object_id)
+    fill: bool = field(default=False, kw_only=True)
 
 
 _END = object()
@@ -487,7 +477,7 @@ class Endpoint(OriginPublisher, BoundSession):
                 r = e.record
                 target._put(ReceivedObject(r.group_id, r.object_id, r.subgroup_id,
                                            r.publisher_priority, r.status, r.properties,
-                                           r.payload, e.fill_id is not None))
+                                           r.payload, r.datagram, fill=e.fill_id is not None))
             return
         rid = getattr(e, "request_id", None)
         target = self._requests.get(rid) if rid is not None else None
