@@ -11,10 +11,11 @@ The public API::
   :class:`KvConsumer` (a decode worker) and :class:`RecomputeRequired` (what it could not
   get in time), :class:`ReconnectingTarget` (a publish target that reconnects by itself);
   identity: :class:`CompatDescriptor`, :class:`ScopeKey`, :class:`Keyring`;
-* errors: :class:`KvcsError` (every KV-level error; :class:`VerificationError` for bytes
-  that fail a check, :class:`PublicationError`), :class:`MoqtRequestError` (a refused
-  request, with the draft's code), :class:`SessionClosedError`, :class:`ProtocolError` (a
-  peer broke MOQT), :class:`ConfigError` (a bad setting or file).
+* errors: :class:`KvcsError` is the root of every kvcs error; the families to catch are
+  :class:`ConfigError` (a bad setting or file), :class:`VerificationError` (bytes that fail
+  a check), :class:`ProtocolError` (a peer broke MOQT) and :class:`SessionError` (a session
+  or request failed: :class:`MoqtRequestError` with the draft's code,
+  :class:`SessionClosedError`); also :class:`PublicationError`, :class:`RecomputeRequired`.
 
 Importing kvcs loads each name's module when the name is first used, and no QUIC library,
 torch, ml_dtypes or HTTP client until they are needed; the subpackages (``kvcs.moqt``
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .endpoint import Endpoint, MoqtRequestError, SessionClosedError
-    from .errors import ConfigError
+    from .errors import ConfigError, KvcsError, SessionError
     from .hosting import TrackHost
-    from .kv import CompatDescriptor, Keyring, KvcsError, ScopeKey, VerificationError
+    from .kv import CompatDescriptor, Keyring, ScopeKey, VerificationError
     from .kvnet import (
         KvConsumer,
         KvPublisher,
@@ -49,9 +50,9 @@ if TYPE_CHECKING:
 # and every layer (~0.3 s of CPU on the 2-core machine) before it needs them.
 _HOMES = {
     "Endpoint": ".endpoint", "MoqtRequestError": ".endpoint", "SessionClosedError": ".endpoint",
-    "ConfigError": ".errors",
+    "ConfigError": ".errors", "KvcsError": ".errors", "SessionError": ".errors",
     "TrackHost": ".hosting",
-    "CompatDescriptor": ".kv", "Keyring": ".kv", "KvcsError": ".kv", "ScopeKey": ".kv",
+    "CompatDescriptor": ".kv", "Keyring": ".kv", "ScopeKey": ".kv",
     "VerificationError": ".kv",
     "KvConsumer": ".kvnet", "KvPublisher": ".kvnet", "PublicationError": ".kvnet",
     "PublisherOptions": ".kvnet", "RecomputeRequired": ".kvnet", "ReconnectingTarget": ".kvnet",
@@ -100,6 +101,7 @@ __all__ = [
     "RelayConfig",
     "ScopeKey",
     "SessionClosedError",
+    "SessionError",
     "TrackHost",
     "VerificationError",
     "__version__",

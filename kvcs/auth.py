@@ -93,6 +93,11 @@ class Authorizer:
         self.anonymous = anonymous
         self._by_digest = {_digest(tok): (tok, g) for tok, g in self.grants.items()}
 
+    def replace_rules(self, other: Authorizer) -> None:
+        """Take every rule of ``other`` (a reloaded token file): requests are checked
+        against them from now on; sessions already open stay."""
+        vars(self).update(vars(other))
+
     @classmethod
     def from_file(cls, path: str) -> Authorizer:
         """Load the JSON auth file (see module doc); raises AuthError."""

@@ -1,11 +1,10 @@
 """The asyncio face of one MOQT session: publish, subscribe, fetch and discover.
 
-A :class:`BoundSession` is a sans-IO :class:`~kvcs.moqt.session.Session` bound to its
-QUIC connection (:mod:`kvcs.transport`): event pump, SETUP timeout, a
-:class:`~kvcs.moqt.serving.TrackServer`, flushing. An :class:`Endpoint` is the bound
-session of an application: it answers the peer's SUBSCRIBE / FETCH / TRACK_STATUS /
-SUBSCRIBE_NAMESPACE from its :class:`~kvcs.moqt.origin.Origin` and offers the requests
-as coroutines. The relay's sessions are the other kind (:mod:`kvcs.relay.session`).
+An :class:`Endpoint` is the :class:`~kvcs.binding.BoundSession` of an application: it
+answers the peer's SUBSCRIBE / FETCH / TRACK_STATUS / SUBSCRIBE_NAMESPACE from its
+:class:`~kvcs.moqt.origin.Origin`, publishes into that origin
+(:class:`~kvcs.publishing.OriginPublisher`) and offers its own requests as coroutines.
+The relay's sessions are the other kind (:mod:`kvcs.relay.session`).
 
 Client::
 
@@ -18,25 +17,35 @@ Client::
 
 Servers use :func:`serve_endpoints` and get one :class:`Endpoint` per accepted session
 (:class:`~kvcs.hosting.TrackHost`: all serving one origin); :func:`serve_sessions` and
-:func:`open_session` bind sessions to other handlers (the relay's).
+:func:`open_session` (:mod:`kvcs.binding`, re-exported here) bind sessions to other
+handlers (the relay's).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from .admission import Admission, RequestPacer
+from .admission import Admission
+from .binding import (
+    SETUP_TIMEOUT,
+    WRITE_WINDOW,
+    BoundSession,
+    MoqtRequestError,
+    SessionClosedError,
+    answer_namespace_update,
+    open_session,
+    resolve_once,
+    send_namespace_notices,
+    serve_sessions,
+)
+from .errors import SessionError
 from .moqt import events as ev
-from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
-from .moqt.origin import NamespaceNotice, Origin
-from .moqt.serving import TrackServer
-from .moqt.session import Session, SessionConfig
+from .moqt.errors import PublishDoneCode, RequestErrorCode
+from .moqt.origin import Origin
 from .moqt.track import Track
 from .moqt.wire import (
     AuthToken,
@@ -53,7 +62,6 @@ from .moqt.wire import (
     RangeFilter,
     RequestError,
     RequestOk,
-    SetupOptions,
     Subscribe,
     SubscribeNamespace,
     SubscribeOk,
@@ -62,36 +70,14 @@ from .moqt.wire import (
     namespace_has_prefix,
 )
 from .publishing import OriginPublisher
-from .transport import ConnectionInfo, MoqtConnection, QuicSettings, Server, connect, serve
+from .transport import MoqtConnection, QuicSettings, Server
 
 log = logging.getLogger(__name__)
 
-WRITE_WINDOW = 1 << 20
-"""Bytes a fetch/fill stream may queue before its cursor waits for the transport to take
-them (the binding reports writability): bounds memory and lets streams interleave."""
-SETUP_TIMEOUT = 10.0
-"""Seconds a server waits for the client's SETUP before closing the session."""
+T = TypeVar("T")
 
 
-class MoqtRequestError(Exception):
-    """A request was refused (REQUEST_ERROR) or failed; carries the draft's code."""
-
-    def __init__(self, code: int, reason: str, retry_interval: int = 0) -> None:
-        try:
-            name = RequestErrorCode(code).name
-        except ValueError:
-            name = f"0x{code:x}"
-        super().__init__(f"{name}: {reason}" if reason else name)
-        self.code = code
-        self.reason = reason
-        self.retry_interval = retry_interval
-
-
-class SessionClosedError(ConnectionError):
-    """The MOQT session ended while a request was in progress."""
-
-
-class HandOverError(ConnectionError):
+class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
@@ -271,262 +257,6 @@ class NamespaceWatch:
         """Stop watching."""
         self.endpoint._cancel(self.request_id)
         self._queue.put_nowait(_END)
-
-
-class BoundSession:
-    """A sans-IO session bound to its QUIC connection: what an :class:`Endpoint` and a
-    relay session share.
-
-    It is the connection's :class:`~kvcs.transport.SessionHandler`: it drains the
-    session's events, closes a server session whose peer sends no SETUP within
-    :data:`SETUP_TIMEOUT`, lets its :class:`~kvcs.moqt.serving.TrackServer` take the events
-    of the requests it serves, keeps the SETUP and close state, and flushes. Subclasses
-    answer the peer's requests (:meth:`handle_request`), take every other event
-    (:meth:`handle_event`) and clean up when the session ends (:meth:`session_ended`).
-    """
-
-    def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None,
-                 max_backlog: int | None = None) -> None:
-        assert conn.session is not None and isinstance(conn.session, Session)
-        self.conn = conn
-        self.session: Session = conn.session
-        self.pacer = pacer
-        """Hands the peer's requests to :meth:`handle_request` at the server's pace
-        (:class:`~kvcs.admission.RequestPacer`, shared by its sessions); None: at once."""
-        self.server = TrackServer(
-            self.session, on_request_ended=self.served_request_ended,
-            backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
-            max_backlog=max_backlog or 0, wake=conn.flush_soon)
-        """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
-        ``max_backlog``, a live subscriber that lets more bytes than that queue up is
-        ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
-        <kvcs.moqt.serving.TrackServer.max_backlog>`)."""
-        loop = asyncio.get_running_loop()
-        self._established: asyncio.Future[SetupOptions] = loop.create_future()
-        self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()
-        conn.attach(self)
-        conn.add_close_callback(self._on_connection_closed)
-        if not self.session.config.is_client:
-            # a peer that never sends SETUP is closed (CONTROL_MESSAGE_TIMEOUT)
-            loop.call_later(SETUP_TIMEOUT, self._check_setup)
-
-    # ----------------------------------------------------------------- state
-
-    @property
-    def peer_setup(self) -> SetupOptions | None:
-        """The peer's Setup Options once its SETUP arrived."""
-        return self.session.peer_setup
-
-    async def established(self) -> SetupOptions:
-        """Wait for the peer's SETUP."""
-        return await asyncio.shield(self._established)
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the session has ended."""
-        return self._closed.done() or self.session.is_closed
-
-    @property
-    def max_datagram_size(self) -> int:
-        """Largest UDP payload the session's connection sends now, in bytes
-        (:attr:`MoqtConnection.max_datagram_size
-        <kvcs.transport.MoqtConnection.max_datagram_size>`)."""
-        return self.conn.max_datagram_size
-
-    def close(self, code: int = SessionCode.NO_ERROR, reason: str = "") -> None:
-        """Close the session."""
-        if not self.session.is_closed:
-            self.session.close(code, reason)
-            self._dispatch()
-            self.flush()
-
-    async def wait_closed(self) -> tuple[int, str]:
-        """Wait until the session has ended; returns (code, reason)."""
-        with contextlib.suppress(Exception):
-            await self.conn.wait_closed()
-        if not self._closed.done():
-            self._ended(self.session.closed or (0, "closed"))
-        return self._closed.result()
-
-    # ----------------------------------------------------------------- sending
-
-    def flush(self) -> None:
-        """Send what the session has queued (call after session API calls)."""
-        self.conn.flush()
-
-    def schedule_flush(self) -> None:
-        """Flush at the end of this loop turn (:meth:`MoqtConnection.flush_soon`)."""
-        self.conn.flush_soon()
-
-    async def drain(self, limit: int = 4 << 20) -> None:
-        """Back-pressure: wait until at most ``limit`` bytes are queued for sending."""
-        self.flush()
-        await self.conn.drain(limit)
-
-    def send_namespace(self, request_id: int, namespace: TrackNamespace, active: bool) -> None:
-        """NAMESPACE (``active``) or NAMESPACE_DONE on the peer's SUBSCRIBE_NAMESPACE
-        ``request_id``, sent at the end of the loop turn."""
-        if self.is_closed:
-            return
-        with contextlib.suppress(KeyError, ValueError):  # the request ended meanwhile
-            if active:
-                self.session.namespace(request_id, namespace)
-            else:
-                self.session.namespace_done(request_id, namespace)
-        self.schedule_flush()
-
-    # ----------------------------------------------------------------- events
-
-    def session_changed(self) -> None:
-        """:class:`~kvcs.transport.SessionHandler`: handle the session's new events."""
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        while (e := self.session.next_event()) is not None:
-            try:
-                self._handle(e)
-            except Exception:
-                log.exception("error handling %s", type(e).__name__)
-
-    def _handle(self, e: ev.Event) -> None:
-        if isinstance(e, ev.ObjectReceived):
-            self.handle_event(e)  # the hot path: straight to the subclass
-        elif self.server.handle(e):
-            return
-        elif isinstance(e, ev.RequestReceived):
-            if self.pacer is None:
-                self.handle_request(e)
-            else:
-                self.pacer.submit(self, e.request_id, functools.partial(self._paced, e))
-        elif (isinstance(e, ev.RequestCancelled) and self.pacer is not None
-              and self.pacer.withdraw(self, e.request_id)):
-            return  # cancelled while it waited for its turn: never handled
-        elif isinstance(e, ev.SessionEstablished):
-            _resolve(self._established, e.options)
-        elif isinstance(e, ev.SessionClosed):
-            self._ended((e.code, e.reason))
-        elif isinstance(e, ev.StreamsOutstanding):
-            asyncio.get_running_loop().call_later(
-                self.session.config.publish_done_wait_s, self._stop_waiting, e.request_id)
-        elif isinstance(e, ev.GoAwayReceived):
-            log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
-        else:
-            self.handle_event(e)
-
-    def _stop_waiting(self, request_id: int) -> None:
-        """The digest 4.11 timer of a PUBLISH_DONE whose streams are missing expired."""
-        if not self.is_closed:
-            self.session.stop_waiting_for_streams(request_id)
-            self._dispatch()
-
-    def _paced(self, e: ev.RequestReceived) -> None:
-        """Request ``e``'s turn has come (:attr:`pacer`)."""
-        if self.is_closed:
-            return
-        try:
-            self.handle_request(e)
-        except Exception:
-            log.exception("error handling %s", type(e.message).__name__)
-        self.schedule_flush()
-
-    def handle_request(self, e: ev.RequestReceived) -> None:
-        """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
-        self.session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
-                                   f"{type(e.message).__name__} not supported here")
-
-    def handle_event(self, e: ev.Event) -> None:
-        """Any other event: objects, answers to our requests, cancellations."""
-
-    def served_request_ended(self, request_id: int) -> None:
-        """A subscription or fetch served by :attr:`server` has ended."""
-
-    def session_ended(self, code: int, reason: str) -> None:
-        """The session has ended (called once)."""
-
-    def _ended(self, closed: tuple[int, str]) -> None:
-        if self._closed.done():
-            return
-        self._closed.set_result(closed)
-        if self.pacer is not None:
-            self.pacer.forget(self)
-        if not self._established.done():
-            self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
-            self._established.exception()
-        self.session_ended(*closed)
-        self.server.close()
-
-    def _check_setup(self) -> None:
-        if self.session.peer_setup is None and not self.is_closed:
-            log.warning("peer sent no SETUP within %.0f s: closing", SETUP_TIMEOUT)
-            self.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
-
-    def _on_connection_closed(self) -> None:
-        self.session.connection_lost(None, "connection closed")
-        self._dispatch()
-
-
-B = TypeVar("B", bound=BoundSession)
-T = TypeVar("T")
-
-
-def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
-    """Send what an :class:`~kvcs.moqt.origin.Origin` said each watcher must get."""
-    for n in notices:
-        n.session.send_namespace(n.request_id, n.namespace, n.active)
-
-
-def answer_namespace_update(session: Session, e: ev.UpdateReceived) -> None:
-    """Answer a REQUEST_UPDATE of a SUBSCRIBE_NAMESPACE we serve: REQUEST_OK when it
-    changes nothing (a peer's :meth:`NamespaceWatch.sync`; sent after the NAMESPACE
-    messages already queued on the stream, so it tells the peer its list is whole),
-    NOT_SUPPORTED for a new prefix."""
-    if e.params.track_namespace_prefix is not None:
-        session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
-                              "a namespace subscription's prefix cannot be changed",
-                              update_id=e.update_id)
-    else:
-        session.request_ok(e.request_id, update_id=e.update_id)
-
-
-async def open_session(
-    url: str,
-    make: Callable[[MoqtConnection], B],
-    *,
-    settings: QuicSettings | None = None,
-    verify: bool = True,
-    cafile: str | None = None,
-    pin_sha256: str | bytes | None = None,
-    auth_tokens: tuple[AuthToken, ...] = (),
-    implementation: str = "kvcs/0.1",
-    timeout: float = 10.0,
-) -> B:
-    """Connect to ``moqt://`` (raw QUIC) or ``https://`` (WebTransport), bind the session
-    with ``make(conn)`` and wait for the peer's SETUP (ConnectionError if none comes)."""
-
-    def factory(opener: Any, info: ConnectionInfo) -> Session:
-        cfg = SessionConfig(
-            is_client=True,
-            implementation=implementation,
-            webtransport=info.transport == "webtransport",
-            auth_tokens=auth_tokens,
-            write_window=WRITE_WINDOW,
-        )
-        if info.transport == "quic":
-            cfg.authority = (info.authority or "").encode()
-            cfg.path = (info.path or "/").encode()
-        return Session(cfg, opener)
-
-    conn = await connect(url, factory, settings, verify=verify, cafile=cafile,
-                         pin_sha256=pin_sha256, timeout=timeout)
-    bound = make(conn)
-    bound.session_changed()  # the peer's SETUP may already be in
-    bound.flush()
-    try:
-        await asyncio.wait_for(bound.established(), timeout)
-    except TimeoutError:
-        bound.close(SessionCode.CONTROL_MESSAGE_TIMEOUT, "no SETUP")
-        raise ConnectionError(f"{url}: peer sent no SETUP") from None
-    return bound
 
 
 class Endpoint(OriginPublisher, BoundSession):
@@ -804,19 +534,19 @@ class Endpoint(OriginPublisher, BoundSession):
         if (isinstance(e, ev.SubscribeAccepted) and isinstance(target, Subscription)) or (
                 isinstance(e, ev.FetchAccepted) and isinstance(target, FetchResult)):
             target.ok = e.message
-            _resolve(target._accepted, e.message)
+            resolve_once(target._accepted, e.message)
             if isinstance(target, FetchResult) and target.finished:
                 # the fetch stream overtook FETCH_OK (streams are not ordered)
                 self._requests.pop(rid, None)  # type: ignore[arg-type]
         elif isinstance(e, ev.RequestAccepted):
             if e.update_id is not None and isinstance(target, Subscription | NamespaceWatch):
-                _resolve(target._updates.pop(e.update_id, None), e.message)
+                resolve_once(target._updates.pop(e.update_id, None), e.message)
             elif isinstance(target, NamespaceWatch):
-                _resolve(target._accepted, e.message)
+                resolve_once(target._accepted, e.message)
             elif isinstance(target, asyncio.Future):
                 # TRACK_STATUS or PUBLISH_NAMESPACE answered (announce() keeps the latter)
                 self._requests.pop(rid, None)  # type: ignore[arg-type]
-                _resolve(target, e.message)
+                resolve_once(target, e.message)
         elif isinstance(e, ev.RequestRejected):
             m: RequestError = e.message
             exc = MoqtRequestError(m.code, m.reason, m.retry_interval)
@@ -881,11 +611,6 @@ def _done_name(done: PublishDone) -> str:
     return f"{name} ({done.reason})" if done.reason else name
 
 
-def _resolve(fut: asyncio.Future[Any] | None, value: Any) -> None:
-    if fut is not None and not fut.done():
-        fut.set_result(value)
-
-
 def _fail_target(target: Any, exc: BaseException) -> None:
     if isinstance(target, asyncio.Future):
         if not target.done():
@@ -906,35 +631,6 @@ def _fail_target(target: Any, exc: BaseException) -> None:
             target._accepted.exception()
         target._error = exc
         target._queue.put_nowait(_END)
-
-
-async def serve_sessions(
-    host: str,
-    port: int,
-    bind: Callable[[MoqtConnection], None],
-    *,
-    certfile: str,
-    keyfile: str | None = None,
-    settings: QuicSettings | None = None,
-    implementation: str = "kvcs/0.1",
-    max_filter_ranges: int = 16,
-    max_request_updates: int = 0,
-) -> Server:
-    """Accept MOQT sessions (raw QUIC and WebTransport on one UDP port); ``bind(conn)``
-    makes the handler of each new session (an :class:`Endpoint`, a relay session) before
-    any of its events are handled."""
-
-    def factory(opener: Any, info: ConnectionInfo) -> Session:
-        return Session(SessionConfig(
-            is_client=False,
-            implementation=implementation,
-            webtransport=info.transport == "webtransport",
-            max_filter_ranges=max_filter_ranges,
-            max_request_updates=max_request_updates,
-            write_window=WRITE_WINDOW,
-        ), opener)
-
-    return await serve(host, port, factory, settings, certfile, keyfile, on_session=bind)
 
 
 async def serve_endpoints(
@@ -963,6 +659,8 @@ async def serve_endpoints(
 
 
 __all__ = [
+    "SETUP_TIMEOUT",
+    "WRITE_WINDOW",
     "BoundSession",
     "Endpoint",
     "FetchResult",

@@ -62,3 +62,46 @@ def test_import_and_help_load_no_ml_dtypes_torch_or_transformers() -> None:
     # ...and the dtypes still work when asked for
     assert _heavy_modules_after("from kvcs.kv.dtypes import dtype_for\n"
                                 "dtype_for('bfloat16')") == ["ml_dtypes"]
+
+
+def test_one_exception_hierarchy_with_families() -> None:
+    """Every kvcs error is a KvcsError; a caller catches a family (ConfigError,
+    VerificationError, ProtocolError, SessionError); the old built-in bases still hold."""
+    import kvcs
+    from kvcs.auth import AuthError
+    from kvcs.endpoint import HandOverError
+    from kvcs.kv.errors import CodecError, ContainerError, DescriptorError, SignatureError
+    from kvcs.kv.files import FileFormatError
+    from kvcs.kv.index import IndexFullError
+    from kvcs.kv.scopefile import ScopeFileError
+    from kvcs.kv.secure import KeyUsageLimitError, SecureObjectError, UnknownKeyIdError
+    from kvcs.kvnet.kvsp_http import KvspError
+    from kvcs.moqt.errors import SessionUsageError, StreamError
+    from kvcs.moqt.serving import FilterError
+    from kvcs.moqt.track import ImmutabilityError
+    from kvcs.relay.config import ListenError
+    from kvcs.relay.store import StoreError
+    from kvcs.transport.connection import DatagramSizeFellBack
+
+    families = {
+        kvcs.ConfigError: (AuthError, FileFormatError, ScopeFileError),
+        kvcs.VerificationError: (CodecError, ContainerError, SignatureError, SecureObjectError,
+                                 UnknownKeyIdError),
+        kvcs.SessionError: (kvcs.MoqtRequestError, kvcs.SessionClosedError, HandOverError),
+        kvcs.KvcsError: (kvcs.ProtocolError, StreamError, SessionUsageError, FilterError,
+                         ImmutabilityError, DescriptorError, IndexFullError, KeyUsageLimitError,
+                         KvspError, ListenError, StoreError, DatagramSizeFellBack,
+                         kvcs.PublicationError, kvcs.RecomputeRequired),
+    }
+    for family, members in families.items():
+        assert issubclass(family, kvcs.KvcsError)
+        assert all(issubclass(m, family) for m in members), family
+    for family in (kvcs.ConfigError, kvcs.VerificationError, kvcs.ProtocolError,
+                   kvcs.SessionError):
+        assert family.__name__ in kvcs.__all__
+    # what was a ValueError / ConnectionError / OSError still is one
+    assert issubclass(kvcs.ConfigError, ValueError) and issubclass(SessionUsageError, ValueError)
+    assert issubclass(kvcs.SessionClosedError, ConnectionError)
+    assert issubclass(HandOverError, ConnectionError)
+    assert issubclass(ListenError, OSError) and issubclass(DatagramSizeFellBack, ConnectionError)
+    assert kvcs.KvcsError is kvcs.kv.KvcsError

@@ -9,6 +9,7 @@ line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -51,10 +52,38 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(str(exc)) from None
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"kvcs {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc), 2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (`kvcs ... | head`): say so once, and keep the
+        # interpreter from printing a traceback while flushing stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _fail(args, "standard output closed before the command finished "
+                           "(its reader exited); nothing more was written", 1)
+    except Exception as exc:
+        if not _network_error(exc):
+            raise
+        from .common import refused_hint
+
+        hint = refused_hint(args, exc)
+        if hint is not None:
+            return _fail(args, hint, 2)
+        return _fail(args, f"the relay session failed: {exc or type(exc).__name__}", 1)
+
+
+def _fail(args: argparse.Namespace, message: str, status: int) -> int:
+    """Print the one line of a failed command; its exit status."""
+    with contextlib.suppress(OSError):  # stderr closed too: the status says it
+        print(f"kvcs {args.command}: error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def _network_error(exc: BaseException) -> bool:
+    """A failure of the relay session or a request it refused (not a bug of ours)."""
+    endpoint = sys.modules.get("kvcs.endpoint")  # not imported: nothing of it raised
+    return isinstance(exc, ConnectionError | TimeoutError) or (
+        endpoint is not None and isinstance(exc, endpoint.MoqtRequestError))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import json
+import logging
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -50,3 +53,25 @@ def stop_on_signals() -> asyncio.Event:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601, UTC), level, logger, message (and the
+    traceback as ``exc``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+                 .isoformat(timespec="milliseconds"),
+                 "level": record.levelname.lower(), "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_relay_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level``: one text line per event, or one JSON object (``json``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])

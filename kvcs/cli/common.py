@@ -48,7 +48,121 @@ def add_relay_options(p: argparse.ArgumentParser, *, tokens: bool = True,
     p.add_argument("--loopback", action="store_true",
                    help="the QUIC library's largest datagrams whatever the relay's address "
                         "(a relay on 127.0.0.1 or ::1 gets them without it)")
+    add_liveness_options(p, idle=CLIENT_IDLE_TIMEOUT)
+    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="give up on a relay that does not answer the handshake within this "
+                        "long (default 5; a closed port on a reachable host is reported at "
+                        "once)")
     p.add_argument("--log-level", default="warning", metavar="LEVEL")
+
+
+CLIENT_IDLE_TIMEOUT = 6.0
+"""Seconds of silence after which publish, fetch and inspect drop a relay session (QUIC
+idle timeout). With keep-alive PINGs every third of it, a live relay never stays silent that
+long; a relay that was killed and restarted is noticed after at most this long, and the
+publisher reconnects and announces again (before: the library's 30 s, measured 40 s to
+heal)."""
+
+
+def add_liveness_options(p: argparse.ArgumentParser, *, idle: float | None) -> None:
+    """``--idle-timeout`` and ``--keep-alive`` (``idle``: the default idle timeout shown in
+    the help; None: the relay's)."""
+    p.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+                   default=idle, help="drop a connection silent this long (QUIC idle "
+                   "timeout; the smaller of both ends' applies; default "
+                   f"{idle if idle is not None else 30:g})")
+    p.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                   help="PING a quiet peer after this long (0: never; default: a third of "
+                        "the idle timeout on clients, never on a relay)")
+
+
+def quic_settings(args: argparse.Namespace, preset: str = "default") -> Any:
+    """The QuicSettings of the transport options (``--mtu``, ``--idle-timeout``,
+    ``--keep-alive``); bad values are one-line usage errors."""
+    import dataclasses
+
+    from ..transport import QuicSettings
+
+    idle, keep = getattr(args, "idle_timeout", None), getattr(args, "keep_alive", None)
+    if idle is not None and idle <= 0:
+        raise UsageError(f"--idle-timeout {idle:g}: must be positive (seconds)")
+    if keep is not None and keep < 0:
+        raise UsageError(f"--keep-alive {keep:g}: must be 0 (never) or positive (seconds)")
+    if keep and idle is not None and keep >= idle:
+        raise UsageError(f"--keep-alive {keep:g} must be shorter than --idle-timeout {idle:g}")
+    try:
+        settings = QuicSettings.for_path(mtu=args.mtu, preset=preset)
+        changes: dict[str, Any] = {}
+        if idle is not None:
+            changes["idle_timeout"] = idle
+        if keep is not None:
+            changes["keep_alive_s"] = keep
+        return dataclasses.replace(settings, **changes) if changes else settings
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_relay_url(url: str, flag: str = "--relay") -> None:
+    """Refuse a relay URL that cannot work before anything connects: a scheme other than
+    moqt:// or https://, no host, or a moqt:// URL without a port (a relay has no usual
+    port; `kvcs relay` listens on 4443)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("moqt", "https"):
+        raise UsageError(f"{flag} {url}: use moqt://HOST:PORT/ (raw QUIC) or "
+                         "https://HOST:PORT/ (WebTransport)")
+    if not parts.hostname:
+        raise UsageError(f"{flag} {url}: no host; use e.g. moqt://127.0.0.1:4443/")
+    try:
+        port = parts.port
+    except ValueError:
+        raise UsageError(f"{flag} {url}: bad port; use e.g. moqt://{parts.hostname}:4443/"
+                         ) from None
+    if port is None and parts.scheme == "moqt":
+        raise UsageError(f"{flag} {url}: no port; give the relay's, e.g. "
+                         f"moqt://{parts.hostname}:4443/ (the port `kvcs relay` prints)")
+
+
+def check_cafile(path: str | None, flag: str = "--cafile") -> None:
+    """Refuse a CA file that is missing or holds no certificate, before connecting."""
+    import ssl
+
+    if path is None:
+        return
+    try:
+        ssl.create_default_context(cafile=path)
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path}: no such file; give the relay's certificate (e.g. "
+                         "certs/dev-cert.pem where `kvcs relay` runs) or --pin its "
+                         "fingerprint") from None
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise UsageError(f"{flag} {path}: not a PEM certificate ({why})") from None
+
+
+def check_connection_options(args: argparse.Namespace) -> None:
+    """Everything about the relay options that can be refused before connecting."""
+    if getattr(args, "relay", None):
+        check_relay_url(args.relay)
+    check_cafile(getattr(args, "cafile", None))
+    quic_settings(args)
+    if args.connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout {args.connect_timeout:g}: must be positive")
+
+
+def refused_hint(args: argparse.Namespace, exc: Exception) -> str | None:
+    """The one line for a relay's UNAUTHORIZED answer (None for other refusals)."""
+    from ..endpoint import MoqtRequestError
+    from ..moqt.errors import RequestErrorCode
+
+    if not isinstance(exc, MoqtRequestError) or exc.code != RequestErrorCode.UNAUTHORIZED:
+        return None
+    if not args.token:
+        return (f"the relay refused without a token ({exc.reason or 'unauthorized'}): pass "
+                "--token with a token of the relay's --auth file that grants this scope")
+    return (f"the relay refused --token ({exc.reason or 'unauthorized'}): the token is "
+            "unknown to the relay or does not grant this scope; check the relay's --auth file")
 
 
 def scope_key(args: argparse.Namespace) -> Any:
@@ -102,13 +216,50 @@ def scope_file_keys(args: argparse.Namespace) -> Any:
     return scope.secure_objects() if scope.content_keys else None
 
 
+def _scope_file(args: argparse.Namespace) -> Any:
+    """``--scope-key`` as a scope file (None: none given, or a plain scope key file)."""
+    from ..kv.scopefile import ScopeFileError, load_scope_file
+
+    if not args.scope_key:
+        return None
+    try:
+        return load_scope_file(args.scope_key)
+    except (ScopeFileError, OSError, ValueError):
+        return None  # scope_key() reports what is wrong with it
+
+
+def scope_producer_key(args: argparse.Namespace) -> Any:
+    """The producer signing key the ``--scope-key`` scope file names (`kvcs keygen` makes
+    one), or None; a named key that does not load is a one-line usage error."""
+    from ..kv.scopefile import ScopeFileError
+
+    scope = _scope_file(args)
+    try:
+        return scope.producer_key() if scope is not None else None
+    except ScopeFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def print_trust(protected: bool, signed: bool) -> None:
+    """The trust level line of publish, fetch and inspect (docs/security.md)."""
+    from ..kv.scopefile import trust_level
+
+    print(f"trust: {trust_level(protected, signed)} (docs/security.md)", flush=True)
+
+
 def load_keyring(args: argparse.Namespace) -> Any:
-    """The ``--keyring`` (None without it); a bad file is a one-line usage error."""
+    """The ``--keyring``, else the keyring the ``--scope-key`` scope file names (None
+    without either); a bad file is a one-line usage error."""
     from ..kv.cose import Keyring
     from ..kv.errors import KvcsError
+    from ..kv.scopefile import ScopeFileError
 
     if not args.keyring:
-        return None
+        scope = _scope_file(args)
+        try:
+            return scope.keyring() if scope is not None else None
+        except ScopeFileError as exc:
+            raise UsageError(str(exc)) from None
     try:
         return Keyring.load(args.keyring)
     except OSError as exc:
@@ -136,30 +287,33 @@ async def connect_relay(args: argparse.Namespace, url: str | None = None, *,
     from ..endpoint import Endpoint
     from ..kvnet.reconnect import ReconnectingTarget
     from ..moqt.wire import AuthToken
-    from ..transport import QuicSettings
-
     tokens: tuple[AuthToken, ...] = ()
     if args.token:
         tokens = (AuthToken(3, token_type=0, value=args.token.encode()),)
-    try:
-        settings = QuicSettings.for_path(mtu=args.mtu,
-                                         preset="loopback" if args.loopback else "default")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    check_connection_options(args)
+    settings = quic_settings(args, "loopback" if args.loopback else "default")
     url = url or args.relay
     options: dict[str, Any] = dict(settings=settings, verify=not args.insecure,
                                    cafile=args.cafile, pin_sha256=args.pin,
                                    auth_tokens=tokens)
     try:
         if reconnecting:
-            return await ReconnectingTarget.connect(url, **options)
-        return await Endpoint.connect(url, **options)
+            return await ReconnectingTarget.connect(url, connect_timeout=args.connect_timeout,
+                                                    **options)
+        return await Endpoint.connect(url, timeout=args.connect_timeout, **options)
+    except ConnectionRefusedError:
+        where = url.split("://", 1)[-1].split("/", 1)[0]
+        raise UsageError(f"no relay is listening at {where} (UDP port closed): start one "
+                         "with `kvcs relay`, or correct --relay") from None
     except (ConnectionError, ValueError, OSError, TimeoutError) as exc:
         hint = ""
         if "certificate" in str(exc) and not (args.cafile or args.pin or args.insecure):
             hint = ("; the relay's certificate is not trusted here: pass --pin <its SHA-256 "
                     "fingerprint, printed by `kvcs relay`> or --cafile <its certificate, e.g. "
                     "certs/dev-cert.pem>")
+        elif "timeout" in str(exc):
+            hint = (f" (no answer within {args.connect_timeout:g} s: is a relay running there, "
+                    "and is its UDP port reachable from here?)")
         raise UsageError(f"cannot connect to {url}: {exc}{hint}") from None
 
 
@@ -221,3 +375,17 @@ def kvsp_client(urls: list[str], token: str | None, cafile: str | None, pin: str
         raise UsageError(f"{flag}-cafile: {exc.strerror}: {exc.filename}") from None
     except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError
         raise UsageError(f"{flag}: {exc}") from None
+
+
+def write_new_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path``, which must not exist (FileExistsError), through a
+    temporary name: a failed write leaves nothing under ``path``."""
+    out = Path(path)
+    if out.exists():
+        raise FileExistsError(path)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.link(tmp, out)  # fails if ``path`` appeared meanwhile: never overwrites
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import UsageError, command
-from .common import check_out
+from .common import check_out, write_new_file
 
 DESCRIPTOR_TEMPLATE = {
     "kvsp": 1,
@@ -77,8 +77,7 @@ def run_descriptor(args: argparse.Namespace) -> int:
     text = json.dumps(members, indent=2) + "\n"
     if args.out:
         try:
-            with open(args.out, "x") as f:
-                f.write(text)
+            write_new_file(args.out, text)
         except FileExistsError:
             raise UsageError(f"--out {args.out}: exists (not overwritten)") from None
         except OSError as exc:

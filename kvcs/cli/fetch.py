@@ -15,6 +15,7 @@ from .common import (
     KEYRING_HELP,
     add_index_options,
     add_relay_options,
+    check_connection_options,
     check_out,
     connect_relay,
     content_keys,
@@ -22,6 +23,7 @@ from .common import (
     kvsp_client,
     load_inputs,
     load_keyring,
+    print_trust,
     progress,
     scope_key,
     setup_logging,
@@ -115,6 +117,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     from ..kvnet.consumer import KvConsumer, RecomputeRequired
 
     setup_logging(args)
+    check_connection_options(args)
     desc, tokens = load_inputs(args)
     scope = scope_key(args)
     layers = _parse_layers(args.layers, desc.layers)
@@ -157,6 +160,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                        hex_namespace=args.hex_namespace, http=client, index=index,
                        discovery=args.discovery, connect=connect, codec=codecs,
                        recompute_budget_s=args.recompute_budget, secure=secure)
+        print_trust(secure is not None, c.require_signed)
         try:
             pub = await c.discover()
             if pub is None and client is None:

@@ -10,9 +10,11 @@ from .base import command
 from .common import (
     KEYRING_HELP,
     add_relay_options,
+    check_connection_options,
     connect_relay,
     load_inputs,
     load_keyring,
+    print_trust,
     scope_file_keys,
     scope_key,
     setup_logging,
@@ -40,6 +42,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..kvnet.manifest_track import ManifestTrack
 
     setup_logging(args)
+    check_connection_options(args)
     scope = scope_key(args)
     desc = None
     if args.descriptor:
@@ -61,6 +64,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                     found.append(change[1])
             await watch.cancel()
             print(f"{len(found)} publication(s) under scope {sid.hex()}")
+            print_trust(secure is not None, keyring is not None)
             for ns in found:
                 try:
                     kns = KvcsNamespace.from_fields(ns, hex_fields=hexf)

@@ -1,5 +1,10 @@
 """``kvcs keygen``: create a scope file, rotate its content key, add a producer signing key.
 
+A new scope file comes with a producer signing key beside it (``SCOPE.producer.pem`` and
+its public ``SCOPE.producer.keyring.json``, named in the scope file) unless
+``--no-signing-key``: publish signs with it and fetch requires its signatures by default,
+so a relay cannot forge what it forwards (docs/security.md, "trust levels").
+
 Files are written with mode 0600 and never replaced without ``--force``; ``--rotate``
 rewrites the scope file atomically with the old keys kept. Key material is never printed.
 The scope file format is in :mod:`kvcs.kv.scopefile` and docs/secure-objects.md.
@@ -34,10 +39,15 @@ def _keygen_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--scope-key", metavar="FILE",
                    help="create the scope file around this existing scope key (a scope.key "
                         "file) instead of a new one, so identifiers stay the same")
-    p.add_argument("--signing-key", metavar="PEM",
-                   help="also write a producer signing key pair: the private key to PEM "
-                        "and its public keyring to PEM's name with .keyring.json, and "
-                        "name both in the scope file")
+    sign = p.add_mutually_exclusive_group()
+    sign.add_argument("--signing-key", metavar="PEM",
+                      help="write the producer signing key pair here: the private key to "
+                           "PEM and its public keyring to PEM's name with .keyring.json, and "
+                           "name both in the scope file (a new scope file gets one beside "
+                           "it by default: SCOPE.producer.pem)")
+    sign.add_argument("--no-signing-key", action="store_true",
+                      help="make a new scope file without a producer signing key (consumers "
+                           "then trust the relays not to forge objects: docs/security.md)")
     p.add_argument("--kid", default="producer", help="key id of --signing-key "
                    "(default: producer)")
     p.add_argument("--alg", choices=["EdDSA", "ES256"], default="EdDSA",
@@ -146,6 +156,8 @@ def run_keygen(args: argparse.Namespace) -> int:
         key = scope.current_content_key()
         lines.append(f"wrote {path}: scope id {scope_id(scope.scope_key).hex()}, content key "
                      f"{key.key_id} ({key.suite.name}, current)")
+    if not args.signing_key and not args.no_signing_key and not (exists and not args.force):
+        args.signing_key = str(path.with_name(path.stem + ".producer.pem"))
     signing = _signing_key(args, path) if args.signing_key else None
     if signing is not None:
         producer, pem, keyring, ref = signing

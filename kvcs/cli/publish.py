@@ -13,14 +13,20 @@ from .common import (
     PROTECT_HELP,
     add_index_options,
     add_relay_options,
+    check_connection_options,
     connect_relay,
     content_keys,
     index_client,
     load_inputs,
+    print_trust,
     progress,
     scope_key,
+    scope_producer_key,
     setup_logging,
 )
+
+MAX_RETENTION_S = 365 * 86400.0
+"""Largest ``--retention``: a year (MAX_CACHE_DURATION is in milliseconds)."""
 
 
 @command("publish")
@@ -74,6 +80,12 @@ def run_publish(args: argparse.Namespace) -> int:
     from ..kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
 
     setup_logging(args)
+    check_connection_options(args)
+    if not 0 < args.retention <= MAX_RETENTION_S:
+        raise UsageError(f"--retention {args.retention:g}: give the seconds relays keep the "
+                         f"publication, more than 0 and at most {MAX_RETENTION_S:g}")
+    if args.linger is not None and args.linger < 0:
+        raise UsageError(f"--linger {args.linger:g}: must be 0 or more seconds")
     desc, tokens = load_inputs(args)
     scope = scope_key(args)
     args.protect = args.protect or args.protect_in_band
@@ -107,6 +119,8 @@ def run_publish(args: argparse.Namespace) -> int:
             key = ProducerKey.load(args.producer_key, args.kid)
         except (OSError, ValueError) as exc:
             raise UsageError(f"producer key: {exc}") from None
+    else:  # the one `kvcs keygen` made beside the scope file
+        key = scope_producer_key(args)
 
     hand_over = None if args.no_hand_over else args.hand_over_timeout
     if hand_over is not None and hand_over <= 0:
@@ -124,6 +138,7 @@ def run_publish(args: argparse.Namespace) -> int:
             except PublicationError as exc:
                 raise UsageError(str(exc)) from None
             await pub.start()
+            print_trust(secure is not None, key is not None)
             print(f"publication {pub.publication_id.hex()} ({pub.blocks()} blocks, "
                   f"{desc.layers} layers)", flush=True)
             if index is not None:

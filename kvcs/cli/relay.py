@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
-from .base import UsageError, add_quic_options, command, stop_on_signals
+from .base import UsageError, add_quic_options, command, setup_relay_logging, stop_on_signals
 
 log = logging.getLogger("kvcs")
 
@@ -40,6 +41,13 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-bytes", metavar="SIZE", help="cache budget, e.g. 1GiB (default)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics over HTTP")
     p.add_argument("--log-level", metavar="LEVEL", help="debug, info (default), warning, error")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="text (default): one line per event; json: one JSON object per line")
+    p.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+                   help="drop a connection silent this long (QUIC idle timeout, default 30; "
+                        "the smaller of both ends' applies)")
+    p.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                   help="PING a quiet peer after this long (default: never; clients ping)")
     p.add_argument("--quic-preset", choices=["default", "loopback"],
                    help="default: datagram size per client (the QUIC library's largest to "
                         "clients on loopback, 1350 bytes to others); loopback: the largest "
@@ -86,7 +94,8 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
                "max_fetches_per_session",
                "max_requests_per_session", "request_rate", "request_burst", "max_sessions",
                "accept_rate", "max_session_backlog", "upstream_linger", "kvsp_store",
-               "kvsp_listen", "store", "store_bytes")
+               "kvsp_listen", "store", "store_bytes", "log_format", "idle_timeout",
+               "keep_alive")
 
 
 def relay_config(args: argparse.Namespace) -> Any:
@@ -124,6 +133,49 @@ async def start_kvsp_beside(relay: Any) -> Any:
     return server
 
 
+def _relay_settings(cfg: Any) -> Any:
+    """The relay's QuicSettings: datagram sizes, idle timeout and keep-alive of ``cfg``."""
+    import dataclasses
+
+    from ..relay.config import ConfigError
+    from ..transport import QuicSettings
+
+    try:
+        settings = QuicSettings.for_path(mtu=cfg.mtu, preset=cfg.quic_preset)
+        return dataclasses.replace(settings, idle_timeout=cfg.idle_timeout,
+                                   keep_alive_s=cfg.keep_alive or 0)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def reload_on_sighup(relay: Any) -> None:
+    """SIGHUP: read the token file (``--auth``) and the TLS certificate again. Sessions stay
+    open; requests from then on are checked against the new tokens, new connections get the
+    new certificate. A file that does not load is logged and the previous one kept."""
+    import signal
+
+    from ..auth import AuthError, Authorizer
+
+    def reload() -> None:
+        cfg = relay.config
+        if cfg.auth:
+            try:
+                relay.auth.replace_rules(Authorizer.from_file(cfg.auth))
+                log.info("SIGHUP: reloaded %s", cfg.auth)
+            except AuthError as exc:
+                log.error("SIGHUP: %s; keeping the previous tokens", exc)
+        if cfg.tls_cert and relay.server is not None:
+            try:
+                relay.server.reload_certificate()
+                log.info("SIGHUP: reloaded the certificate %s", cfg.tls_cert)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                log.error("SIGHUP: certificate %s: %s; keeping the previous one",
+                          cfg.tls_cert, exc)
+
+    with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP (Windows)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+
+
 def run_relay(args: argparse.Namespace) -> int:
     """``kvcs relay``: run until SIGINT/SIGTERM, then shut down gracefully."""
     from ..relay import Relay
@@ -136,10 +188,9 @@ def run_relay(args: argparse.Namespace) -> int:
         backend = use_library(cfg.quic_backend) if cfg.quic_backend else default_library()
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_relay_logging(cfg.log_level, cfg.log_format)
     try:
-        relay = Relay(cfg)
+        relay = Relay(cfg, settings=_relay_settings(cfg))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -173,6 +224,7 @@ def run_relay(args: argparse.Namespace) -> int:
                   f"{relay.metrics_server.port}/metrics", flush=True)
         if kvsp is not None:
             print(f"KVSP containers of {cfg.kvsp_store} over HTTPS on {kvsp.url}", flush=True)
+        reload_on_sighup(relay)
         await stop.wait()
         print("shutting down (GOAWAY sent to all sessions)", flush=True)
         if kvsp is not None:

@@ -50,6 +50,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from ..errors import KvcsError
 from ..kv.ids import CompatDescriptor, ScopeKey
 from ..kv.manifest import Manifest, Segment, segment_covers
 from ..kvnet.consumer import KvConsumer, KvLayer, Publication
@@ -78,7 +79,7 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {
 }
 
 
-class RestoreFailed(RuntimeError):
+class RestoreFailed(KvcsError, RuntimeError):
     """A forward pass needed a layer that the restore could not deliver (the cause is
     chained: usually :class:`~kvcs.kvnet.consumer.RecomputeRequired`)."""
 

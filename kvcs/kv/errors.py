@@ -5,6 +5,8 @@ Callers discard objects that fail verification and treat them as missing.
 
 from __future__ import annotations
 
+from ..errors import KvcsError
+
 __all__ = [
     "CodecError",
     "ContainerError",
@@ -19,8 +21,7 @@ __all__ = [
 ]
 
 
-class KvcsError(Exception):
-    """Base class of every kvcs KV-model error."""
+# KvcsError is the root of every kvcs error (kvcs/errors.py); it is re-exported here.
 
 
 class DescriptorError(KvcsError, ValueError):

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ConfigError
 from .errors import DescriptorError
 from .ids import CompatDescriptor
 
 PathLike = str | os.PathLike[str]
 
 
-class FileFormatError(ValueError):
+class FileFormatError(ConfigError):
     """A file is missing, unreadable or not in the expected format."""
 
 
@@ -86,6 +87,11 @@ def _arrays(path: PathLike) -> dict[str, np.ndarray]:
 def load_kv(path: PathLike, desc: CompatDescriptor) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Load per-layer K and V arrays ([tokens, kv_heads, head_dim]) in the descriptor dtype."""
     arrays = _arrays(path)
+    stored = arrays.pop(DTYPE_ENTRY, None)
+    if stored is not None and str(stored) != desc.dtype_name:
+        raise FileFormatError(f"{path}: holds a {stored} cache, but the descriptor says dtype "
+                              f"{desc.dtype_name}: publish it under a descriptor of its dtype, "
+                              "or convert the arrays")
     L = desc.layers
     if "k" in arrays and "v" in arrays:
         k_all, v_all = arrays["k"], arrays["v"]
@@ -102,22 +108,43 @@ def load_kv(path: PathLike, desc: CompatDescriptor) -> tuple[list[np.ndarray], l
                                       f"(expected 'k' and 'v', or 'k.{i}' and 'v.{i}')")
             ks.append(k)
             vs.append(v)
-    dt = desc.dtype
     out_k, out_v = [], []
     for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
         for name, arr, shape in (("k", k, desc.k_shape()), ("v", v, desc.v_shape())):
             if arr.ndim != 3 or arr.shape[1:] != shape[1:]:
                 raise FileFormatError(f"{path}: layer {i} {name} has shape {arr.shape}, "
                                       f"expected [tokens, {shape[1]}, {shape[2]}]")
-        if k.dtype != dt:
-            if k.dtype.itemsize == dt.itemsize and k.dtype.kind in "uV":
-                k, v = k.view(dt), v.view(dt)  # e.g. bfloat16 stored as uint16 in .npz
-            else:
-                raise FileFormatError(f"{path}: layer {i} dtype {k.dtype}, descriptor says "
-                                      f"{desc.dtype_name}")
+        k, v = _as_dtype(path, i, "k", k, desc), _as_dtype(path, i, "v", v, desc)
         out_k.append(np.ascontiguousarray(k))
         out_v.append(np.ascontiguousarray(v))
     return out_k, out_v
+
+
+def _as_dtype(path: PathLike, layer: int, name: str, arr: np.ndarray,
+              desc: CompatDescriptor) -> np.ndarray:
+    """``arr`` in the descriptor's dtype: as it is, or unsigned integers of the same width
+    taken as its bits (.npz stores bfloat16 and float8 so). Any other dtype is refused: a
+    bfloat16 cache under a float16 descriptor would reach consumers as reinterpreted bits."""
+    dt = desc.dtype
+    if arr.dtype == dt:
+        return arr
+    bits = arr.dtype.kind == "u" or arr.dtype.name.startswith("void")  # untyped bits
+    if bits and arr.dtype.itemsize == dt.itemsize:
+        return arr.view(dt)
+    raise FileFormatError(f"{path}: layer {layer} {name} is {arr.dtype}, but the descriptor "
+                          f"says dtype {desc.dtype_name}: publish the cache under a "
+                          f"descriptor of its dtype, or convert the arrays")
+
+
+DTYPE_ENTRY = "dtype"
+"""The .npz entry naming the dtype of arrays stored as bits (bfloat16, float8: .npz cannot
+describe them), so that :func:`load_kv` refuses them under a descriptor of another dtype
+of the same width."""
+
+
+def _dtype_entry(npz: bool, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    kinds = {a.dtype.name for a in arrays if a.dtype.kind == "V"}
+    return {DTYPE_ENTRY: np.array(kinds.pop())} if npz and len(kinds) == 1 else {}
 
 
 def _storable(arr: np.ndarray, npz: bool) -> np.ndarray:
@@ -129,24 +156,31 @@ def _storable(arr: np.ndarray, npz: bool) -> np.ndarray:
 
 
 def _write_arrays(path: PathLike, data: dict[str, np.ndarray]) -> None:
+    """Write to a temporary name beside ``path``, then rename: a failure (disk full, an
+    interrupt) leaves no half-written file under ``path``."""
     p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         if p.suffix == ".safetensors":
             from safetensors.numpy import save_file
 
-            save_file(data, str(p))
+            save_file(data, str(tmp))
         else:
-            with p.open("wb") as f:
+            with tmp.open("wb") as f:
                 np.savez(f, **data)  # type: ignore[arg-type]  # numpy stub: kwds vs flags
+        os.replace(tmp, p)
     except OSError as exc:
         raise FileFormatError(f"{path}: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def save_stacked_kv(path: PathLike, k: np.ndarray, v: np.ndarray) -> None:
     """Write arrays ``k`` and ``v`` [layers, tokens, kv_heads, head_dim] (what
     :func:`load_kv` reads) to .npz or .safetensors."""
     npz = Path(path).suffix != ".safetensors"
-    _write_arrays(path, {"k": _storable(k, npz), "v": _storable(v, npz)})
+    _write_arrays(path, {"k": _storable(k, npz), "v": _storable(v, npz),
+                         **_dtype_entry(npz, [k, v])})
 
 
 def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> None:
@@ -156,4 +190,5 @@ def save_kv(path: PathLike, layers: Sequence[tuple[int, np.ndarray, np.ndarray]]
     for idx, k, v in layers:
         data[f"k.{idx}"] = _storable(k, npz)
         data[f"v.{idx}"] = _storable(v, npz)
+    data.update(_dtype_entry(npz, [a for _, k, v in layers for a in (k, v)]))
     _write_arrays(path, data)

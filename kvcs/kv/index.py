@@ -20,6 +20,8 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Sequence
 
+from ..errors import KvcsError
+
 __all__ = [
     "MAX_HOLDERS_PER_KEY",
     "MAX_URI_LENGTH",
@@ -60,7 +62,7 @@ def parse_publication_uri(uri: str) -> tuple[str, tuple[bytes, ...]]:
     return urllib.parse.urlunsplit(parts._replace(fragment="")), fields
 
 
-class IndexFullError(Exception):
+class IndexFullError(KvcsError):
     """The index holds as many records as it may."""
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .cose import Keyring, ProducerKey
 from .errors import DescriptorError
 from .ids import ScopeKey
@@ -38,20 +39,42 @@ from .secure import DEFAULT_SUITE, CipherSuite, ContentKey, SecureObjects
 
 __all__ = [
     "SCOPE_FILE_VERSION",
+    "TRUST_PROTECTED",
+    "TRUST_SIGNED",
+    "TRUST_TRUSTED_RELAYS",
     "ProducerRef",
     "ScopeFile",
     "ScopeFileError",
     "load_scope_file",
     "parse_scope_file",
+    "trust_level",
     "write_secret_file",
 ]
 
 SCOPE_FILE_VERSION = 1
 
+TRUST_TRUSTED_RELAYS = "trusted relays"
+"""No content keys, no producer key: a relay that rewrites an object, its digest and the
+unsigned manifest is believed (docs/security.md)."""
+TRUST_SIGNED = "signed"
+"""Producer signatures (manifest.cose) verified: relays can read, not forge."""
+TRUST_PROTECTED = "protected"
+"""Secure Objects under the scope's content keys: relays can neither read nor forge (any
+holder of the content keys could)."""
+
+
+def trust_level(protected: bool, signed: bool) -> str:
+    """The trust level of a publication or retrieval, as publish, fetch and inspect print
+    it (the table of docs/security.md): ``protected``, ``signed``, ``protected, signed``
+    or ``trusted relays``."""
+    levels = [name for on, name in ((protected, TRUST_PROTECTED), (signed, TRUST_SIGNED))
+              if on]
+    return ", ".join(levels) or TRUST_TRUSTED_RELAYS
+
 PathLike = str | os.PathLike[str]
 
 
-class ScopeFileError(ValueError):
+class ScopeFileError(ConfigError):
     """A scope file is missing, unreadable or malformed (one-line message)."""
 
 

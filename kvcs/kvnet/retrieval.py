@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backoff import Backoff
 from ..endpoint import Endpoint, MoqtRequestError
+from ..errors import SessionError
 from ..kv.assembly import KvLayer, LayerArrays
 from ..kv.errors import KvcsError
 from ..kv.manifest import Manifest, Segment
@@ -227,6 +228,8 @@ class Retrieval:
                         break
                     m = self.consumer.check_manifest(self.pub, blob, track.signed,
                                                      track.protected)
+                except SessionError:  # a KvcsError too: the session or request went (below)
+                    raise
                 except (KvcsError, ValueError) as exc:
                     log.warning("discarding manifest version: %s", exc)
                     continue

@@ -14,6 +14,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
+from ..errors import KvcsError
+
 
 class SessionCode(IntEnum):
     """Session termination codes (CONNECTION_CLOSE / WT close), digest section 9.1."""
@@ -92,7 +94,7 @@ class StreamResetCode(IntEnum):
     MALFORMED_TRACK = 0x12
 
 
-class ProtocolError(Exception):
+class ProtocolError(KvcsError):
     """Malformed or forbidden wire input.
 
     ``code`` is the session termination code (:class:`SessionCode`) the draft names for
@@ -105,7 +107,7 @@ class ProtocolError(Exception):
         self.reason = reason
 
 
-class StreamError(Exception):
+class StreamError(KvcsError):
     """One incoming data stream cannot be read further; the session goes on.
 
     ``code`` is the STOP_SENDING code (:class:`StreamResetCode`: MALFORMED_TRACK for a
@@ -130,7 +132,7 @@ def malformed_track(reason: str) -> StreamError:
     return StreamError(StreamResetCode.MALFORMED_TRACK, reason)
 
 
-class SessionUsageError(ValueError):
+class SessionUsageError(KvcsError, ValueError):
     """The application asked the session for something it cannot do now: an unknown or
     finished request, a message its side may not send in the request's state, a closed
     session. Nothing was sent. (A ValueError, so older ``except ValueError`` still work.)

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import KvcsError
 from . import events as ev
 from .errors import PublishDoneCode, RequestErrorCode, StreamResetCode
 from .session import Session
@@ -62,7 +63,7 @@ _RESET_FOR_DONE: dict[int, int] = {
 PUBLISH_DONE status that ends it (INTERNAL_ERROR for the others)."""
 
 
-class FilterError(ValueError):
+class FilterError(KvcsError, ValueError):
     """A request's filters cannot be honoured (REQUEST_ERROR ``code``)."""
 
     def __init__(self, code: int, reason: str) -> None:

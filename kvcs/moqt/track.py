@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import KvcsError
 from .wire import (
     MAX_VI64,
     Location,
@@ -37,7 +38,7 @@ FullTrackName = tuple[TrackNamespace, bytes]
 _START = Location(0, 0)
 
 
-class ImmutabilityError(ValueError):
+class ImmutabilityError(KvcsError, ValueError):
     """A different object arrived at a Location that already holds one."""
 
 

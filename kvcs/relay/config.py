@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, KvcsError
 
 
-class ListenError(OSError):
+class ListenError(KvcsError, OSError):
     """A listening socket could not be opened; the message names the address and what
     it was for (``kvcs relay`` prints it as one line)."""
 
@@ -39,6 +39,18 @@ def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:
     if not 0 <= p <= 65535:
         raise ConfigError(f"{what}: port {p} out of range")
     return host, p
+
+
+def check_certificate(certfile: str, keyfile: str) -> None:
+    """ConfigError unless ``certfile`` and ``keyfile`` are a PEM certificate chain and its
+    private key (checked before listening: a bad pair would fail every handshake)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(f"--tls-cert {certfile} / --tls-key {keyfile}: not a certificate "
+                          f"and its private key ({exc})") from None
 
 
 @dataclass
@@ -104,6 +116,15 @@ class RelayConfig:
     kvsp_listen: str | None = None
     """TCP ``HOST:PORT`` of that HTTPS server; default: the relay's own address and port
     number (QUIC uses UDP, so TCP can share the number)."""
+    idle_timeout: float = 30.0
+    """Seconds of silence after which a session's connection is dropped (QUIC idle
+    timeout; the smaller of both ends' applies: `kvcs publish`/`fetch` ask for 6)."""
+    keep_alive: float | None = None
+    """Seconds of quiet after which the relay PINGs a peer (None or 0: never; clients
+    keep their sessions alive)."""
+    log_format: str = "text"
+    """``text``: one human line per event; ``json``: one JSON object per line (time, level,
+    logger, message), for log collectors."""
     store: str | None = None
     """Directory of the disk tier (:mod:`kvcs.relay.store`): completed publications kept
     there are served again after a restart."""
@@ -157,11 +178,22 @@ class RelayConfig:
                               "(or --anonymous for a local demo)")
         if self.auth and self.anonymous:
             raise ConfigError("--auth and --anonymous are mutually exclusive")
-        if bool(self.tls_cert) != bool(self.tls_key) and not self.tls_cert:
+        if self.tls_key and not self.tls_cert:
             raise ConfigError("--tls-key needs --tls-cert")
+        if self.tls_cert and not self.tls_key:
+            raise ConfigError("--tls-cert needs --tls-key (the certificate's private key, "
+                              "PEM); or give neither for a self-signed dev certificate")
         for path in (self.tls_cert, self.tls_key, self.auth, self.upstream_cafile):
             if path and not Path(path).is_file():
                 raise ConfigError(f"file not found: {path}")
+        if self.tls_cert and self.tls_key:
+            check_certificate(self.tls_cert, self.tls_key)
+        if self.idle_timeout <= 0:
+            raise ConfigError("--idle-timeout must be positive (seconds)")
+        if self.keep_alive is not None and self.keep_alive < 0:
+            raise ConfigError("--keep-alive must be 0 (never) or positive (seconds)")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("--log-format must be 'text' or 'json'")
         if not isinstance(self.upstream, str | list | type(None)):
             raise ConfigError("upstream must be a URL or a list of URLs")
         for url in self.upstreams():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from ..auth import render_namespace
-from ..endpoint import answer_namespace_update, send_namespace_notices
+from ..binding import answer_namespace_update, send_namespace_notices
 from ..moqt import events as ev
 from ..moqt.errors import SessionUsageError
 from ..moqt.origin import NamespaceNotice, Origin

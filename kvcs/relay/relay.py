@@ -26,7 +26,7 @@ import logging
 from ..admission import Admission, Limits
 from ..auth import Authorizer
 from ..backoff import Backoff
-from ..endpoint import WRITE_WINDOW, open_session, serve_sessions
+from ..binding import WRITE_WINDOW, open_session, serve_sessions
 from ..errors import ConfigError
 from ..moqt import events as ev
 from ..moqt.config import SessionConfig, state_bound

@@ -1,7 +1,7 @@
 """One MOQT session of the relay: the state of its requests and the routing of its events.
 
 A :class:`RelaySession` is the relay's sibling of :class:`~kvcs.endpoint.Endpoint`: both
-are :class:`~kvcs.endpoint.BoundSession` (event pump, SETUP timeout, serving through a
+are :class:`~kvcs.binding.BoundSession` (event pump, SETUP timeout, serving through a
 :class:`~kvcs.moqt.serving.TrackServer`, flushing). Where an endpoint answers from its own
 tracks, a relay session hands the peer's requests to the :class:`~kvcs.relay.Relay` and
 routes the answers and objects of the requests the relay made on it (upstream
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..endpoint import BoundSession
+from ..binding import BoundSession
 from ..moqt import events as ev
 from ..moqt.errors import StreamResetCode
 from ..moqt.wire import (

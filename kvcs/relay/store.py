@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..auth import render_namespace
+from ..errors import KvcsError
 from ..moqt.track import CachedObject, FullTrackName, Track
 from ..moqt.wire import Location, Properties, TrackNamespace, namespace_has_prefix
 
@@ -47,7 +48,7 @@ SUFFIX = ".kvtrack"
 _PREAMBLE = len(MAGIC) + 8 + 32
 
 
-class StoreError(ValueError):
+class StoreError(KvcsError, ValueError):
     """A stored file is torn or corrupt."""
 
 

@@ -35,6 +35,7 @@ from kvcs.moqt.actions import (
     StopSending,
 )
 
+from ..errors import KvcsError
 from .certs import fingerprint_sha256
 from .config import ALPN_H3, ALPN_MOQT, QuicSettings
 from .interfaces import (
@@ -68,7 +69,7 @@ CLOSE_WEBTRANSPORT_SESSION capsule before closing it ourselves."""
 _ping_ids = itertools.count(1)
 
 
-class DatagramSizeFellBack(ConnectionError):
+class DatagramSizeFellBack(KvcsError, ConnectionError):
     """The handshake completed only after the QUIC library cut the connection's datagram
     size for good: :mod:`.client` dials once more."""
 
@@ -138,7 +139,8 @@ class MoqtConnection:
         self._redial_on_fallback = redial_on_fallback
         self._owns_socket = sock is not None
         self._udp = udp if sock is None else UdpSocket(
-            sock, self, batching=settings.gso, receive_size=settings.datagram_receive_buffer)
+            sock, self, batching=settings.gso, receive_size=settings.datagram_receive_buffer,
+            on_error=self._socket_error)
         self._cid_router = cid_router
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -436,6 +438,13 @@ class MoqtConnection:
             self._cid_router.remove_cid(event.connection_id)
 
     # -- handshake and session creation ---------------------------------------------
+
+    def _socket_error(self, exc: OSError) -> None:
+        """A client's socket reported an ICMP error. Port unreachable before the handshake
+        completes: nothing listens there, so the dial fails at once instead of after the
+        whole timeout. Later ones are left to QUIC (a restarting peer comes back)."""
+        if isinstance(exc, ConnectionRefusedError) and not self._ready.done():
+            self._fail(ConnectionRefusedError(exc.errno, "nothing listens on that UDP port"))
 
     def _fail(self, exc: BaseException) -> None:
         if not self._ready.done():

@@ -138,6 +138,14 @@ class Server:
         self.port: int = sockname[1]
         self.library = library
         """The QUIC library of the server's connections."""
+        self._reload: Callable[[], None] | None = None
+
+    def reload_certificate(self) -> None:
+        """Read the certificate and key files again: new connections get the new
+        certificate, open ones keep theirs (``kvcs relay`` on SIGHUP). Raises what loading
+        raises (ssl.SSLError, OSError), keeping the previous certificate then."""
+        if self._reload is not None:
+            self._reload()
 
     @property
     def refused_connections(self) -> int:
@@ -232,5 +240,13 @@ async def serve(
         raise
     server = Server(listener.udp, lib.name, listener)
     servers.append(server)
+
+    def reload() -> None:
+        fresh = settings.quic_configuration(is_client=False,
+                                            alpn_protocols=[ALPN_MOQT, ALPN_H3], peer=None)
+        fresh.load_cert_chain(certfile, keyfile)  # type: ignore[attr-defined]  # raises first
+        configurations.clear()  # made again from the files on the next connection
+
+    server._reload = reload
     logger.info("MOQT server listening on %s:%d (%s)", server.host, server.port, lib.name)
     return server

@@ -21,12 +21,14 @@ in a queue sent when the socket is writable, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
 import struct
 import sys
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from .quic.base import NetworkAddress
@@ -64,6 +66,8 @@ _GRO_SIZE = struct.Struct("=i")
 _CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size) if hasattr(socket, "CMSG_SPACE") else 0
 _LINUX = sys.platform == "linux"
 _MSG_TRUNC = int(getattr(socket, "MSG_TRUNC", 0))  # an int: IntFlag's & costs ~7 us
+_IP_RECVERR, _IPV6_RECVERR = 11, 25  # linux/in.h, linux/in6.h (not in the socket module)
+_MSG_ERRQUEUE = int(getattr(socket, "MSG_ERRQUEUE", 0x2000))
 
 
 class DatagramReceiver(Protocol):
@@ -107,13 +111,17 @@ class UdpSocket:
     module docstring). ``batching=False`` (``QuicSettings.gso``) keeps a system call per
     datagram each way."""
 
-    __slots__ = ("_closed", "_closing", "_fd", "_loop", "_queue", "_receive_size",
-                 "_receiver", "_writer", "gro", "gso", "sock")
+    __slots__ = ("_closed", "_closing", "_fd", "_loop", "_on_error", "_queue",
+                 "_receive_size", "_receiver", "_writer", "gro", "gso", "sock")
 
     def __init__(self, sock: socket.socket, receiver: DatagramReceiver, *,
-                 batching: bool, receive_size: int) -> None:
+                 batching: bool, receive_size: int,
+                 on_error: Callable[[OSError], None] | None = None) -> None:
+        """``on_error``: called with each error the socket reports (an ICMP port
+        unreachable as ConnectionRefusedError, on a socket made with ``report_errors``)."""
         self._loop = asyncio.get_running_loop()
         self.sock = sock
+        self._on_error = on_error
         self._fd = sock.fileno()
         self._receiver = receiver
         self.gso = batching and gso_available(sock)
@@ -177,6 +185,7 @@ class UdpSocket:
                 break
             except OSError as exc:  # an ICMP error queued on the socket: next read
                 logger.debug("UDP receive: %s", exc)
+                self._socket_error(exc)
                 continue
             if run and addr != run_addr:
                 receiver.datagrams_received(run, run_addr)
@@ -195,6 +204,18 @@ class UdpSocket:
             receiver.datagrams_received(run, run_addr)
         if not self._closing:
             receiver.receive_done()
+
+    def _socket_error(self, exc: OSError) -> None:
+        if self._on_error is None:
+            return
+        # with IP_RECVERR the kernel also queues each error with its details: read them,
+        # or the socket stays readable (EPOLLERR) for good
+        while True:
+            try:
+                self.sock.recvmsg(512, 512, _MSG_ERRQUEUE)
+            except OSError:
+                break
+        self._on_error(exc)
 
     # -- sending --------------------------------------------------------------------
 
@@ -273,13 +294,20 @@ def _gro_segment_size(ancillary: list[tuple[int, int, bytes]]) -> int:
 
 
 def udp_socket(family: int, address: NetworkAddress, settings: QuicSettings, *,
-               dual_stack: bool) -> socket.socket:
+               dual_stack: bool, report_errors: bool = False) -> socket.socket:
     """A bound non-blocking UDP socket with the buffer sizes of ``settings``
-    (``dual_stack``: IPv6 that takes IPv4 too)."""
+    (``dual_stack``: IPv6 that takes IPv4 too; ``report_errors``: ICMP errors such as
+    port unreachable reach the reader (Linux IP_RECVERR), so that a client learns at once
+    that nothing listens where it dials)."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         if dual_stack:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        if report_errors and _LINUX:
+            for level, option in ((socket.IPPROTO_IP, _IP_RECVERR),
+                                  (socket.IPPROTO_IPV6, _IPV6_RECVERR)):
+                with contextlib.suppress(OSError):  # an IPv4 option, IPv6-only socket
+                    sock.setsockopt(level, option, 1)
         settings.configure_socket(sock)
         sock.bind(address)
         sock.setblocking(False)

@@ -42,7 +42,7 @@ def cli_inputs(tmp: Path, seed: int = 21) -> dict[str, str]:
 def load_kv_layers(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Layers written by ``kvcs fetch`` (bfloat16 stored as uint16 in .npz)."""
     with np.load(path) as z:
-        names = sorted({int(n.split(".")[1]) for n in z.files})
+        names = sorted({int(n.split(".")[1]) for n in z.files if n.startswith("k.")})
         import ml_dtypes
 
         return {i: (z[f"k.{i}"].view(ml_dtypes.bfloat16), z[f"v.{i}"].view(ml_dtypes.bfloat16))

@@ -35,12 +35,15 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
         for _ in range(100):  # wait until the publication is announced
             rc, out, err = await run_kvcs("inspect", *common)
             if "1 publication(s)" in out:
+                assert "trust: protected, signed (docs/security.md)" in out
                 break
             await asyncio.sleep(0.1)
         out_path = tmp_path / "got.npz"
         rc, out, err = await run_kvcs("fetch", *common, "--tokens", f["tokens"], "--out",
                                       str(out_path), "--protect")
         assert rc == 0, err
+        # keygen's producer key: the publisher signs, the fetch requires it (issue 27)
+        assert "trust: protected, signed (docs/security.md)" in out
         got = load_kv_layers(out_path)
         data = cache(21)
         assert sorted(got) == list(range(LAYERS))
@@ -53,8 +56,10 @@ async def test_publish_and_fetch_protected(net: LocalNet, tmp_path: Path) -> Non
         assert not (tmp_path / "plain.npz").exists()
         assert publisher.stdout is not None
         async with asyncio.timeout(30):  # everything published: it serves, or it has left
+            lines = []
             while (line := await publisher.stdout.readline()) and b"serving" not in line:
-                pass
+                lines.append(line)
+            assert b"trust: protected, signed (docs/security.md)\n" in lines
     finally:
         if publisher.returncode is None:
             publisher.send_signal(signal.SIGINT)

@@ -171,7 +171,11 @@ def test_keygen_creates_and_rotates(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert rotated.content_keys[1].suite is CipherSuite.AES_256_GCM_SHA512_128
     assert "added content key 2 (AES_256_GCM_SHA512_128), now current; Key IDs 1, 2" in out
     assert _mode(path) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["scope.json"]
+    # the producer signing key made beside the new scope file (issue 27), kept by --rotate
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "scope.json", "scope.producer.keyring.json", "scope.producer.pem"]
+    assert rotated.producer == ProducerRef("producer", "scope.producer.pem",
+                                           "scope.producer.keyring.json")
 
     rc, _, _ = _keygen(capsys, str(path), "--rotate")
     assert rc == 0
@@ -230,6 +234,24 @@ def test_keygen_rejects_rotate_with_force(tmp_path: Path,
     assert _keygen(capsys, str(path))[0] == 0
     rc, _, err = _keygen(capsys, str(path), "--rotate", "--force")
     assert rc == 2 and "--rotate keeps the scope" in err
+
+
+def test_keygen_makes_a_producer_key_by_default(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "scope.json"
+    rc, out, err = _keygen(capsys, str(path))
+    assert rc == 0, err
+    pem, keyring_path = tmp_path / "scope.producer.pem", tmp_path / "scope.producer.keyring.json"
+    assert f"wrote {pem} (EdDSA signing key 'producer') and {keyring_path}" in out
+    scope = load_scope_file(path)
+    key, keyring = scope.producer_key(), scope.keyring()
+    assert key is not None and keyring is not None and _mode(pem) == 0o600
+    assert verify_manifest(sign_manifest(b"{}", key), keyring) == b"{}"
+    bare = tmp_path / "bare.json"
+    rc, out, err = _keygen(capsys, str(bare), "--no-signing-key")
+    assert rc == 0, err
+    assert load_scope_file(bare).producer is None and "signing key" not in out
+    assert not (tmp_path / "bare.producer.pem").exists()
 
 
 def test_keygen_signing_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import kvcs.endpoint as endpoint_mod
+import kvcs.binding as binding_mod
 from kvcs.endpoint import Endpoint, serve_endpoints
 from kvcs.moqt.errors import SessionCode
 from kvcs.transport import QuicSettings, connect, ensure_dev_certificate
@@ -30,7 +30,7 @@ class _Mute:
 
 async def test_no_setup_closes_with_control_message_timeout(tmp_path: Path,
                                                              monkeypatch) -> None:
-    monkeypatch.setattr(endpoint_mod, "SETUP_TIMEOUT", 0.3)
+    monkeypatch.setattr(binding_mod, "SETUP_TIMEOUT", 0.3)
     cert = ensure_dev_certificate(tmp_path)
     eps: list[Endpoint] = []
     settings = QuicSettings.loopback()
