@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
         bench_relay,
         bench_secure,
         bench_transport,
+        bench_tree,
     )
 
     suites: dict[str, Any] = {
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
         "discovery": bench_discovery.main,
         "hf": bench_hf.main,
         "secure": bench_secure.main,
+        "tree": bench_tree.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

@@ -143,6 +143,15 @@ FIGURES: tuple[Figure, ...] = (
            2, Target(">=", 1.6), "{q8_tensor_mib_s:.0f} MiB/s of tensors, "
                                  "{q8_wire_fraction:.2f} of the bytes; joint kv.q8 "
                                  "{kv_q8_effective_ratio:.2f}"),
+    Figure("tree_link_copies", "tree",
+           "relay tree: root bytes toward edges / (edges x publication)", "", 3,
+           Target("<=", 1.05), "8 consumers over 3 edges"),
+    Figure("tree_ttfl_ratio", "tree", "first verified layer, two hops / one hop", "", 2,
+           Target("<=", 1.5), "[{tree_ttfl_ratio_range[0]:.2f}-"
+                              "{tree_ttfl_ratio_range[1]:.2f}]"),
+    Figure("store_restart_s", "tree",
+           "restarted relay, 128 MiB on disk, to first verified layer", "s", 2,
+           detail="{store_restart_listening_s:.2f} s after listening"),
 )
 
 PENDING: tuple[Figure, ...] = (

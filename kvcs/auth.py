@@ -60,15 +60,21 @@ def parse_namespace(value: Any) -> TrackNamespace:
     return tuple(parse_field(p) for p in parts)
 
 
-def render_namespace(ns: TrackNamespace) -> str:
-    """Readable form of a namespace for logs (text fields as is, others as hex:)."""
+def render_namespace(ns: TrackNamespace, *, short: bool = True) -> str:
+    """Readable form of a namespace for logs (text fields as is, others as hex:). With
+    ``short`` (default), a binary field longer than 4 bytes shows its first 4 as
+    ``hex:6d1c6481..``: a KVCS namespace is then ~60 characters instead of ~210 (log lines
+    of 300+ characters of hex before); 8 hex digits tell publications apart in a log."""
     out = []
     for f in ns:
         try:
             s = f.decode()
-            out.append(s if s.isprintable() and "/" not in s else "hex:" + f.hex())
+            if s.isprintable() and "/" not in s:
+                out.append(s)
+                continue
         except UnicodeDecodeError:
-            out.append("hex:" + f.hex())
+            pass
+        out.append("hex:" + (f[:4].hex() + ".." if short and len(f) > 4 else f.hex()))
     return "/".join(out)
 
 

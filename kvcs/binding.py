@@ -197,9 +197,14 @@ class BoundSession:
 
     def _stop_waiting(self, request_id: int) -> None:
         """The digest 4.11 timer of a PUBLISH_DONE whose streams are missing expired."""
-        if not self.is_closed:
-            self.session.stop_waiting_for_streams(request_id)
-            self._dispatch()
+        if self.is_closed:
+            return
+        if self.session.stop_waiting_for_streams(request_id):
+            # a stream of it is still receiving: the timer is for streams never seen
+            asyncio.get_running_loop().call_later(
+                self.session.config.publish_done_wait_s, self._stop_waiting, request_id)
+            return
+        self._dispatch()
 
     def _paced(self, e: ev.RequestReceived) -> None:
         """Request ``e``'s turn has come (:attr:`pacer`)."""

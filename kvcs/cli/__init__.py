@@ -81,9 +81,13 @@ def _fail(args: argparse.Namespace, message: str, status: int) -> int:
 
 def _network_error(exc: BaseException) -> bool:
     """A failure of the relay session or a request it refused (not a bug of ours)."""
-    endpoint = sys.modules.get("kvcs.endpoint")  # not imported: nothing of it raised
-    return isinstance(exc, ConnectionError | TimeoutError) or (
-        endpoint is not None and isinstance(exc, endpoint.MoqtRequestError))
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    if "kvcs.endpoint" not in sys.modules:  # not imported: no request was refused
+        return False
+    from ..endpoint import MoqtRequestError
+
+    return isinstance(exc, MoqtRequestError)
 
 
 if __name__ == "__main__":

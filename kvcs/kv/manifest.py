@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import DescriptorError, ManifestError
 from .ids import CompatDescriptor, KvcsNamespace
-from .secure import KEY_ID_PROPERTY
+from .secure_wire import DRAFT_KEY_ID_PROPERTY, KEY_ID_PROPERTY
 from .tracks import TrackName
 
 __all__ = [
@@ -44,7 +44,8 @@ class Protection:
     publication are protected end to end, so consumers accept only objects that decrypt.
 
     ``{"scheme": "moq-secure-objects", "key_id_property": 120}``: the scheme and the object
-    property type that carries the Key ID (:data:`kvcs.kv.secure.KEY_ID_PROPERTY`). Key IDs
+    property type that carries the Key ID (:data:`kvcs.kv.secure.KEY_ID_PROPERTY`, or 2 on
+    the draft's wire: :data:`kvcs.kv.secure_wire.DRAFT_WIRE`). Key IDs
     and cipher suites are per object (rotation), so they are not listed.
     """
 
@@ -66,9 +67,10 @@ class Protection:
             raise ManifestError(f"{where}.scheme {scheme!r} is not supported "
                                 f"(expected {SECURE_OBJECTS!r})")
         prop = _get_int(obj, "key_id_property", where)
-        if prop != KEY_ID_PROPERTY:
+        if prop not in (KEY_ID_PROPERTY, DRAFT_KEY_ID_PROPERTY):
             raise ManifestError(f"{where}.key_id_property {prop:#x} is not supported "
-                                f"(kvcs reads {KEY_ID_PROPERTY:#x})")
+                                f"(kvcs reads {KEY_ID_PROPERTY:#x}, or "
+                                f"{DRAFT_KEY_ID_PROPERTY:#x} on the draft's wire)")
         return cls(scheme, prop)
 
 

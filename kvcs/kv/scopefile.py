@@ -11,12 +11,15 @@ keys of MOQT Secure Objects (which protect the payloads), never the same key twi
         {"key_id": 2, "suite": "AES_128_GCM_SHA256_128", "base_key": "<hex>", "current": true}
       ],
       "producer": {"kid": "producer", "private_key": "producer.pem",
-                   "keyring": "producer.keyring.json"}
+                   "keyring": "producer.keyring.json"},
+      "wire": "draft"
     }
 
 Exactly one content key is ``current`` (publishers encrypt with it; consumers decrypt with
 any). ``producer`` is optional: where the manifest.cose signing key and its public keyring
-are, relative to the scope file. A plain ``scope.key`` (32 raw octets or 64 hex
+are, relative to the scope file. ``wire`` is optional: ``"draft"`` makes the scope's
+Secure Objects those of the draft's vectors (Key ID property 0x02, QUIC varints), default
+``"kvcs"`` (:mod:`kvcs.kv.secure_wire`). A plain ``scope.key`` (32 raw octets or 64 hex
 characters) loads as a scope file without content keys. Every loading error is a
 :class:`ScopeFileError` with a one-line message naming the file. docs/secure-objects.md
 describes the format for users.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from .cose import Keyring, ProducerKey
 from .errors import DescriptorError
 from .ids import ScopeKey
 from .secure import DEFAULT_SUITE, CipherSuite, ContentKey, SecureObjects
+from .secure_wire import KVCS_WIRE, SecureWire
 
 __all__ = [
     "SCOPE_FILE_VERSION",
@@ -99,6 +103,9 @@ class ScopeFile:
     producer: ProducerRef | None = None
     directory: Path | None = field(default=None, compare=False)
     """Directory the file was loaded from: the base of the producer paths."""
+    wire: SecureWire = KVCS_WIRE
+    """The Secure Objects wire of the scope (``"wire": "draft"`` in the file for the
+    draft's vectors: Key ID property 0x02, QUIC varints; every member must use the same)."""
 
     def __post_init__(self) -> None:
         ids = [k.key_id for k in self.content_keys]
@@ -113,10 +120,12 @@ class ScopeFile:
 
     @classmethod
     def new(
-        cls, scope_key: ScopeKey | None = None, suite: CipherSuite = DEFAULT_SUITE
+        cls, scope_key: ScopeKey | None = None, suite: CipherSuite = DEFAULT_SUITE,
+        wire: SecureWire = KVCS_WIRE,
     ) -> ScopeFile:
         """A new scope (new S unless ``scope_key`` is given) with content key 1."""
-        return cls(scope_key or ScopeKey.generate(), (ContentKey.generate(1, suite),), 1)
+        return cls(scope_key or ScopeKey.generate(), (ContentKey.generate(1, suite),), 1,
+                   wire=wire)
 
     def rotated(self, suite: CipherSuite | None = None) -> ScopeFile:
         """A copy with a new current content key (Key ID one above the highest), the old
@@ -125,13 +134,13 @@ class ScopeFile:
         current = self.current_content_key()
         chosen = suite or (current.suite if current else DEFAULT_SUITE)
         key_id = max((k.key_id for k in self.content_keys), default=0) + 1
-        return ScopeFile(self.scope_key, (*self.content_keys, ContentKey.generate(key_id, chosen)),
-                         key_id, self.producer, self.directory)
+        return replace(self, content_keys=(*self.content_keys,
+                                           ContentKey.generate(key_id, chosen)),
+                       current_key_id=key_id)
 
     def with_producer(self, producer: ProducerRef) -> ScopeFile:
         """A copy that names ``producer`` as the scope's signing key."""
-        return ScopeFile(self.scope_key, self.content_keys, self.current_key_id, producer,
-                         self.directory)
+        return replace(self, producer=producer)
 
     def current_content_key(self) -> ContentKey | None:
         """The content key publishers encrypt with (None: the scope is unprotected)."""
@@ -141,7 +150,7 @@ class ScopeFile:
         """Secure Objects keyed with every content key, encrypting with the current one."""
         if not self.content_keys:
             raise ValueError("the scope has no content keys (run kvcs keygen --rotate)")
-        return SecureObjects(self.content_keys, self.current_key_id)
+        return SecureObjects(self.content_keys, self.current_key_id, wire=self.wire)
 
     def _resolve(self, relative: str) -> Path:
         p = Path(relative)
@@ -179,6 +188,8 @@ class ScopeFile:
             ref = {"kid": self.producer.kid, "private_key": self.producer.private_key,
                    "keyring": self.producer.keyring}
             doc["producer"] = {k: v for k, v in ref.items() if v is not None}
+        if self.wire != KVCS_WIRE:
+            doc["wire"] = self.wire.name
         return (json.dumps(doc, indent=2) + "\n").encode("ascii")
 
 
@@ -258,8 +269,11 @@ def _parse(doc: Any) -> ScopeFile:
     if parsed and len(current) != 1:
         raise ValueError(f"{len(current)} content keys are marked current; mark exactly one")
     producer = _parse_producer(doc["producer"]) if "producer" in doc else None
+    wire = doc.get("wire", "kvcs")
+    if not isinstance(wire, str):
+        raise ValueError("wire must be \"kvcs\" or \"draft\"")
     return ScopeFile(scope_key, tuple(k for k, _ in parsed), current[0] if current else None,
-                     producer)
+                     producer, wire=SecureWire.named(wire))
 
 
 def parse_scope_file(data: bytes, source: str = "scope file") -> ScopeFile:
@@ -280,8 +294,7 @@ def load_scope_file(path: PathLike) -> ScopeFile:
         raise ScopeFileError(f"{path}: {_reason(exc)}") from None
     if len(data) != 32 and data.lstrip().startswith(b"{"):
         scope = parse_scope_file(data, str(path))
-        return ScopeFile(scope.scope_key, scope.content_keys, scope.current_key_id,
-                         scope.producer, p.parent)
+        return replace(scope, directory=p.parent)
     try:
         return ScopeFile(ScopeKey.from_file(p), directory=p.parent)
     except (DescriptorError, OSError) as exc:

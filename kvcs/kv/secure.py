@@ -25,9 +25,10 @@ or rewrite priorities (moq-dev/moq does both), the same bytes in front of the ci
 authenticate the same AAD; a receiver tells them apart by the presence of Immutable
 Properties, and either from plaintext by its Key ID (:func:`carried_key_id`).
 
-Integers on the wire (lengths, the Key ID value, the Serialized Full Track Name) use the
-MOQT variable-length integer of the MOQT version in use (draft-22: vi64), as the draft's
-"varint" definition says.
+Where the Key ID travels and how the integers inside the protected bytes are written is
+a setting (:class:`~kvcs.kv.secure_wire.SecureWire`, in :mod:`kvcs.kv.secure_wire` with
+the framing functions): kvcs's default (property 0x78, MOQT draft-22 integers) or the
+draft's vectors (property 0x02, QUIC varints).
 """
 
 from __future__ import annotations
@@ -48,27 +49,36 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
-from ..moqt.errors import ProtocolError
-from ..moqt.wire import (
-    DEFAULT_PUBLISHER_PRIORITY,
-    IMMUTABLE_PROPERTIES,
-    NeedMore,
-    Properties,
-    decode_kvps,
-    decode_vi64,
-    encode_kvps,
-    encode_namespace,
-    encode_vi64,
-)
+from ..moqt.wire import DEFAULT_PUBLISHER_PRIORITY, IMMUTABLE_PROPERTIES, Properties
 from .codecs import Buffer
 from .errors import KvcsError, VerificationError
+from .secure_wire import (
+    DRAFT_WIRE,
+    ENCRYPTED_PROPERTIES_LIST,
+    IN_BAND_MAGIC,
+    KEY_ID_PROPERTY,
+    KVCS_WIRE,
+    MAX_KEY_ID,
+    SecureObjectError,
+    SecureWire,
+    build_immutable_properties,
+    carried_key_id,
+    frame_plaintext,
+    immutable_properties_of,
+    parse_plaintext,
+    read_key_id,
+    serialize_full_track_name,
+    split_in_band,
+)
 
 __all__ = [
     "DEFAULT_SUITE",
+    "DRAFT_WIRE",
     "ENCRYPTED_PROPERTIES_LIST",
     "ENCRYPTION_BLOCK_LIMIT",
     "IN_BAND_MAGIC",
     "KEY_ID_PROPERTY",
+    "KVCS_WIRE",
     "MAX_KEY_ID",
     "MAX_OBJECT_ID",
     "CipherSuite",
@@ -80,6 +90,7 @@ __all__ = [
     "ProtectedObject",
     "SecureObjectError",
     "SecureObjects",
+    "SecureWire",
     "UnknownKeyIdError",
     "aead_for",
     "build_immutable_properties",
@@ -99,35 +110,9 @@ __all__ = [
     "split_in_band",
 ]
 
-KEY_ID_PROPERTY = 0x78
-"""Object property type that carries the Secure Object Key ID (inside Immutable Properties).
-
-The draft assigns 0x02, but MOQT draft-22 registers 0x02 as OBJECT_DELIVERY_TIMEOUT (scope
-Track and Object) and makes processors look for properties in Immutable Properties too. A
-conforming relay would read Key ID 1 on the first object of a subgroup as a 1 ms delivery
-timeout and reset the stream or drop the objects: protected tracks would fail on exactly
-the third-party relays protection exists for. kvcs therefore uses 0x78, the first type of
-the range draft-22 reserves for applications and never allocates. It is even, so its value
-is one varint, as the draft defines the Key ID. The cost: other Secure Objects
-implementations will not find the Key ID (none reads kvcs KV-cache tracks today). When the
-WG assigns a type that does not clash, this constant is the only thing to change.
-"""
-
-IN_BAND_MAGIC = b"SOB1"
-"""First bytes of an in-band protected payload (:meth:`ProtectedObject.in_band_payload`).
-
-No plaintext kvcs sends starts with them (KVCS payloads start with "KVO1", manifests with
-"{" or a COSE_Sign1 CBOR head), so a consumer without keys can tell a protected object
-from plaintext in both carriages and say that keys are needed."""
-
-ENCRYPTED_PROPERTIES_LIST = 0x000A
-"""16-bit type that starts the Encrypted Properties List inside a plaintext."""
-
 MAX_OBJECT_ID = (1 << 32) - 1
 """Largest Object ID the nonce can hold; larger ones are never encrypted or decrypted."""
 MAX_GROUP_ID = (1 << 64) - 1
-MAX_KEY_ID = (1 << 64) - 1
-"""Key IDs are written as u64 in the derivation labels."""
 
 ENCRYPTION_BLOCK_LIMIT = 1 << 36
 """AES blocks one content key may protect, counted as ceil(plaintext/16) + 1 per object.
@@ -145,13 +130,6 @@ _KEY_LABEL = b"MOQ 1.0 Secure Objects Secret key "  # the prefixes differ on pur
 _SALT_LABEL = b"MOQ 1.0 Secret salt "
 _AAD_HEAD = struct.Struct(">QIB")
 _CTR_HMAC_LENGTHS = struct.Struct(">QQQ")
-_ENCRYPTED_LIST_TYPE = ENCRYPTED_PROPERTIES_LIST.to_bytes(2, "big")
-
-
-class SecureObjectError(VerificationError):
-    """A protected object is unusable: authentication failed, its Key ID property is
-    missing or malformed, its Location is out of range, or its plaintext framing is wrong.
-    Discard it and treat it as missing."""
 
 
 class UnknownKeyIdError(VerificationError):
@@ -342,12 +320,6 @@ def aead_for(suite: CipherSuite, key: bytes) -> ObjectAead:
 # --------------------------------------------------------------------------- key schedule
 
 
-def serialize_full_track_name(namespace: Sequence[bytes], track_name: bytes) -> bytes:
-    """MOQT wire form of a full track name: the namespace tuple, then the length-prefixed
-    track name."""
-    return encode_namespace(tuple(namespace)) + encode_vi64(len(track_name)) + track_name
-
-
 def moq_secret(base_key: bytes, suite: CipherSuite) -> bytes:
     """HKDF-Extract with an empty salt over the track base key (the suite's hash)."""
     return hmac.digest(b"", base_key, suite.hash_name)
@@ -400,116 +372,6 @@ def secure_object_aad(
     if not 0 <= publisher_priority <= 255:
         raise ValueError(f"Publisher Priority {publisher_priority} is outside 0..255")
     return _AAD_HEAD.pack(group_id, object_id, publisher_priority) + bytes(immutable_properties)
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def frame_plaintext(payload: Buffer | Sequence[Buffer]) -> bytes:
-    """``varint(len(payload)) || payload``; a sequence of pieces (e.g. the header and data
-    from :func:`~kvcs.kv.payload.build_payload`) is joined in the same single copy.
-    kvcs sends no Encrypted Properties List and no padding."""
-    if isinstance(payload, bytes | bytearray):
-        return b"".join((encode_vi64(len(payload)), payload))
-    pieces = (payload,) if isinstance(payload, memoryview) else payload
-    size = sum(memoryview(p).nbytes for p in pieces)
-    return b"".join((encode_vi64(size), *pieces))
-
-
-def parse_plaintext(plaintext: Buffer) -> memoryview:
-    """The original payload (a view, no copy) of a decrypted plaintext.
-
-    A trailing Encrypted Properties List is accepted and ignored: its 16-bit type must be
-    0x000A and its length must cover exactly the remaining bytes. Any other framing raises
-    :class:`SecureObjectError`.
-    """
-    mv = memoryview(plaintext)
-    total = mv.nbytes
-    try:
-        size, start = decode_vi64(mv, 0)
-    except NeedMore:
-        raise SecureObjectError("plaintext too short for its length field") from None
-    end = start + size
-    if end > total:
-        raise SecureObjectError(f"payload length {size} exceeds the plaintext")
-    if end < total:
-        if mv[end : end + 2] != _ENCRYPTED_LIST_TYPE:
-            raise SecureObjectError("bytes after the payload are not an Encrypted Properties List")
-        try:
-            length, body = decode_vi64(mv, end + 2)
-        except NeedMore:
-            raise SecureObjectError("Encrypted Properties List is truncated") from None
-        if body + length != total:
-            raise SecureObjectError("Encrypted Properties List length does not match")
-    return mv[start:end]
-
-
-# --------------------------------------------------------------------------- Key ID property
-
-
-def build_immutable_properties(key_id: int, properties: Properties = ()) -> bytes:
-    """The Immutable Properties value of a protected object: the Key ID property plus the
-    publisher's own immutable ``properties`` (MOQT Key-Value-Pairs)."""
-    if not 0 <= key_id <= MAX_KEY_ID:
-        raise ValueError(f"Key ID {key_id} is outside 0..2^64-1")
-    for t, _ in properties:
-        if t in (KEY_ID_PROPERTY, IMMUTABLE_PROPERTIES):
-            raise ValueError(f"property 0x{t:x} cannot be given inside Immutable Properties")
-    return encode_kvps(((KEY_ID_PROPERTY, key_id), *properties))
-
-
-def immutable_properties_of(properties: Properties) -> bytes:
-    """The exact bytes of an object's Immutable Properties (0x0B) value: what the AAD
-    authenticates. Raises :class:`SecureObjectError` if absent or given twice."""
-    values = [v for t, v in properties if t == IMMUTABLE_PROPERTIES]
-    if not values:
-        raise SecureObjectError("object has no Immutable Properties (no Key ID)")
-    if len(values) > 1 or not isinstance(values[0], bytes):
-        raise SecureObjectError("object has more than one Immutable Properties")
-    return values[0]
-
-
-def read_key_id(immutable_properties: Buffer) -> int:
-    """The Key ID in an Immutable Properties value; :class:`SecureObjectError` if it does
-    not parse or does not hold exactly one Key ID property."""
-    try:
-        props = decode_kvps(immutable_properties)
-    except ProtocolError as exc:
-        raise SecureObjectError(f"Immutable Properties do not parse: {exc.reason}") from None
-    ids = [v for t, v in props if t == KEY_ID_PROPERTY]
-    if len(ids) != 1 or not isinstance(ids[0], int):
-        what = "no" if not ids else "more than one"
-        raise SecureObjectError(f"Immutable Properties hold {what} Key ID property")
-    return ids[0]
-
-
-def carried_key_id(properties: Properties, payload: Buffer = b"") -> int | None:
-    """The Key ID a received object carries, in its Immutable Properties or in-band
-    (``payload`` starts with :data:`IN_BAND_MAGIC`); None for a plaintext object. A
-    malformed Key ID raises :class:`SecureObjectError`."""
-    if any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
-        return read_key_id(immutable_properties_of(properties))
-    if memoryview(payload)[:4] == IN_BAND_MAGIC:
-        return read_key_id(split_in_band(payload)[0])
-    return None
-
-
-def split_in_band(payload: Buffer) -> tuple[memoryview, int, memoryview]:
-    """``(immutable properties, publisher priority, ciphertext)`` of an in-band payload
-    ``"SOB1" || vi64(len(immutable)) || immutable || u8(priority) || ciphertext`` (views,
-    no copy); :class:`SecureObjectError` if it does not parse."""
-    mv = memoryview(payload).cast("B")
-    if mv[:4] != IN_BAND_MAGIC:
-        raise SecureObjectError("no Key ID: neither Immutable Properties nor an in-band "
-                                "Secure Object")
-    try:
-        size, start = decode_vi64(mv, 4)
-    except NeedMore:
-        raise SecureObjectError("in-band Key ID header is truncated") from None
-    end = start + size
-    if end + 1 > mv.nbytes:
-        raise SecureObjectError("in-band Key ID header is truncated")
-    return mv[start:end], mv[end], mv[end + 1 :]
 
 
 def effective_priority(received: int | None, track_properties: Properties = ()) -> int:
@@ -570,6 +432,7 @@ class ProtectedObject:
     immutable_properties: bytes
     payload: bytes
     publisher_priority: int
+    wire: SecureWire = KVCS_WIRE
 
     @property
     def properties(self) -> Properties:
@@ -582,7 +445,7 @@ class ProtectedObject:
         payload``, sent without properties at any priority. The AAD is unchanged; it costs
         one copy of the payload and 8 bytes more for a one-byte Key ID."""
         imm = self.immutable_properties
-        return b"".join((IN_BAND_MAGIC, encode_vi64(len(imm)), imm,
+        return b"".join((IN_BAND_MAGIC, self.wire.encode_int(len(imm)), imm,
                          bytes((self.publisher_priority,)), self.payload))
 
 
@@ -598,6 +461,8 @@ class SecureObjects:
     ``current_key_id`` (default: the highest Key ID) encrypts; every held key decrypts, so
     rotation is adding a key and making it current. Derived per-track keys are cached (LRU,
     ``cache_size`` tracks); usage is counted per Key ID (:data:`ENCRYPTION_BLOCK_LIMIT`).
+    ``wire``: where the Key ID travels and how the protected bytes' integers are written
+    (default :data:`KVCS_WIRE`; :data:`DRAFT_WIRE` for the draft's vectors).
     """
 
     def __init__(
@@ -607,7 +472,9 @@ class SecureObjects:
         *,
         block_limit: int = ENCRYPTION_BLOCK_LIMIT,
         cache_size: int = 1024,
+        wire: SecureWire = KVCS_WIRE,
     ) -> None:
+        self.wire = wire
         self._keys: dict[int, ContentKey] = {}
         self._usage: dict[int, KeyUsage] = {}
         # Immutable Properties holding only a held key's Key ID -> that Key ID: the common
@@ -634,7 +501,7 @@ class SecureObjects:
             raise ValueError(f"Key ID {key.key_id} is already held with a different key")
         self._keys[key.key_id] = key
         self._usage.setdefault(key.key_id, KeyUsage())
-        self._key_id_only[build_immutable_properties(key.key_id)] = key.key_id
+        self._key_id_only[build_immutable_properties(key.key_id, (), self.wire)] = key.key_id
         if current:
             self._current = key.key_id
 
@@ -667,10 +534,11 @@ class SecureObjects:
         kid = self._current
         if kid is None:
             raise ValueError("no content key to encrypt with")
-        out = len(encode_vi64(size)) + size + self._keys[kid].suite.tag_size
+        w = self.wire
+        out = len(w.encode_int(size)) + size + self._keys[kid].suite.tag_size
         if in_band:
-            imm = len(build_immutable_properties(kid))
-            out += len(IN_BAND_MAGIC) + len(encode_vi64(imm)) + imm + 1
+            imm = len(build_immutable_properties(kid, (), w))
+            out += len(IN_BAND_MAGIC) + len(w.encode_int(imm)) + imm + 1
         return out
 
     def _track(self, key_id: int, namespace: Sequence[bytes], track_name: bytes) -> _TrackCipher:
@@ -680,9 +548,10 @@ class SecureObjects:
             self._tracks.move_to_end(cache_key)
             return entry
         ck = self._keys[key_id]
-        full_name = serialize_full_track_name(cache_key[1], track_name)
+        full_name = serialize_full_track_name(cache_key[1], track_name, self.wire)
         key, salt = derive_key_and_salt(ck.base_key, ck.suite, key_id, full_name)
-        entry = _TrackCipher(aead_for(ck.suite, key), salt, build_immutable_properties(key_id))
+        entry = _TrackCipher(aead_for(ck.suite, key), salt,
+                             build_immutable_properties(key_id, (), self.wire))
         self._tracks[cache_key] = entry
         if len(self._tracks) > self._cache_size:
             self._tracks.popitem(last=False)
@@ -714,11 +583,11 @@ class SecureObjects:
             raise ValueError("no content key to encrypt with" if kid is None
                              else f"no content key with Key ID {kid}")
         track = self._track(kid, namespace, track_name)
-        immutable = build_immutable_properties(kid, properties) if properties else (
+        immutable = build_immutable_properties(kid, properties, self.wire) if properties else (
             track.key_id_only)
         aad = secure_object_aad(group_id, object_id, publisher_priority, immutable)
         nonce = _xor_counter(track.salt, group_id, object_id)  # range checked with the AAD
-        plaintext = frame_plaintext(payload)
+        plaintext = frame_plaintext(payload, self.wire)
         usage = self._usage[kid]
         blocks = (len(plaintext) + 15) // 16 + 1
         if usage.encrypted_blocks + blocks > self._block_limit:
@@ -728,7 +597,7 @@ class SecureObjects:
         ciphertext = track.aead.seal(nonce, aad, plaintext)
         usage.encryptions += 1
         usage.encrypted_blocks += blocks
-        return ProtectedObject(kid, immutable, ciphertext, publisher_priority)
+        return ProtectedObject(kid, immutable, ciphertext, publisher_priority, self.wire)
 
     def decrypt_object(
         self,
@@ -754,7 +623,7 @@ class SecureObjects:
         if any(t == IMMUTABLE_PROPERTIES for t, _ in properties):
             immutable = immutable_properties_of(properties)
         else:
-            in_band, publisher_priority, payload = split_in_band(payload)
+            in_band, publisher_priority, payload = split_in_band(payload, self.wire)
             immutable = bytes(in_band)
         try:  # an object that can never be decrypted is not worth waiting for a key
             aad = secure_object_aad(group_id, object_id, publisher_priority, immutable)
@@ -762,7 +631,7 @@ class SecureObjects:
             raise SecureObjectError(str(exc)) from None
         kid = self._key_id_only.get(immutable)
         if kid is None:
-            kid = read_key_id(immutable)
+            kid = read_key_id(immutable, self.wire)
         ck = self._keys.get(kid)
         if ck is None:
             raise UnknownKeyIdError(kid)
@@ -778,7 +647,7 @@ class SecureObjects:
         except SecureObjectError:
             usage.auth_failures += 1
             raise
-        return parse_plaintext(plaintext)
+        return parse_plaintext(plaintext, self.wire)
 
 
 def open_object(
@@ -791,6 +660,7 @@ def open_object(
     *,
     publisher_priority: int,
     properties: Properties,
+    wire: SecureWire = KVCS_WIRE,
 ) -> Buffer:
     """A consumer's view of one received object's payload: what it may go on to check.
 
@@ -804,7 +674,7 @@ def open_object(
         return secure.decrypt_object(namespace, track_name, group_id, object_id, payload,
                                      publisher_priority=publisher_priority,
                                      properties=properties)
-    kid = carried_key_id(properties, payload)
+    kid = carried_key_id(properties, payload, wire)
     if kid is not None:
         raise SecureObjectError(f"object is protected (Key ID {kid}) and no content keys "
                                 "are held")

@@ -438,7 +438,11 @@ class KvPublisher:
         ]
         return Manifest.for_descriptor(self.descriptor, deterministic=self.options.deterministic,
                                        segments=segs,
-                                       protection=Protection() if self.protected else None)
+                                       protection=self._protection())
+
+    def _protection(self) -> Protection | None:
+        secure = self.options.secure
+        return None if secure is None else Protection(key_id_property=secure.wire.key_id_property)
 
     def _publish_manifest(self) -> None:
         track = self._manifest_track

@@ -489,13 +489,18 @@ class ControlPlane(RequestCalls):
         self._out.event(ev.SubscriptionEnded(req.request_id, done))
         self._forget_if_closed(req)
 
-    def stop_waiting_for_streams(self, request_id: int) -> None:
+    def stop_waiting_for_streams(self, request_id: int) -> bool:
         """End our subscription ``request_id`` whose PUBLISH_DONE arrived, even if streams
         it counts are still missing (the digest 4.11 timer expired). Does nothing if it
-        has ended already."""
+        has ended already. While a stream of it is still open (data still arriving, e.g. a
+        16 MiB fill on a loaded host) it is not ended: returns True, wait again."""
         req = self._requests.get(request_id)
-        if req is not None:
-            self._subscription_may_end(req, waited=True)
+        if req is None or req.publish_done is None:
+            return False
+        if self._data.receiving_for(req):
+            return True
+        self._subscription_may_end(req, waited=True)
+        return False
 
     def _on_peer_fin(self, req: Request) -> None:
         """The peer finished its half of the request stream."""

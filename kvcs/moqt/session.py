@@ -358,10 +358,11 @@ class Session:
         """FIN our side of a request stream (we will send nothing more on it)."""
         self._ctl.finish_request(request_id)
 
-    def stop_waiting_for_streams(self, request_id: int) -> None:
+    def stop_waiting_for_streams(self, request_id: int) -> bool:
         """After :class:`~kvcs.moqt.events.StreamsOutstanding` and
-        ``config.publish_done_wait_s``: end the subscription without its missing streams."""
-        self._ctl.stop_waiting_for_streams(request_id)
+        ``config.publish_done_wait_s``: end the subscription without its missing streams;
+        True if a stream of it is still open (it goes on: ask again later)."""
+        return self._ctl.stop_waiting_for_streams(request_id)
 
     def goaway(self, new_session_uri: bytes = b"", timeout_ms: int = 0) -> None:
         """Send GOAWAY on the control stream."""

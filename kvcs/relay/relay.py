@@ -178,7 +178,7 @@ class Relay:
         self.host, self.certfile, self.keyfile = host, certfile, keyfile
         if cfg.metrics:
             mh, mp = parse_hostport(cfg.metrics, "--metrics")
-            metrics_server = MetricsServer(self.metrics)
+            metrics_server = MetricsServer(self.metrics, ready=self.not_ready)
             try:
                 await metrics_server.start(mh, mp)
             except OSError as exc:
@@ -258,6 +258,14 @@ class Relay:
                                           + " or ".join(self.config.upstreams()),
                                      retry_on=(ConnectionError, OSError, TimeoutError))
         self.metrics.inc("kvcs_relay_upstream_reconnects_total")
+
+    def not_ready(self) -> str | None:
+        """Why the relay cannot take sessions now (None: it can): ``/readyz``."""
+        if self.going_away:
+            return "shutting down"
+        if self.server is None:
+            return "not listening yet"
+        return None
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: GOAWAY downstream, grace, unsubscribe upstream, close."""
@@ -394,20 +402,24 @@ class Relay:
             name = RequestErrorCode(code).name.lower()
         except ValueError:
             name = f"0x{code:x}"
-        self.metrics.inc("kvcs_relay_requests_total", type=kind, result=name)
-        log.info("session %d: %s %d refused: %s (%s)", peer.id, kind, rid, name, reason)
+        self.metrics.request_answered((peer.id, rid), kind, name)
+        # DOES_NOT_EXIST is the everyday answer to a discovery probe (a consumer asks for
+        # prefixes nobody published): debug, not one info line per fetch
+        log.log(logging.DEBUG if code == RequestErrorCode.DOES_NOT_EXIST else logging.INFO,
+                "session %d: %s %d refused: %s (%s)", peer.id, kind, rid, name, reason)
         with contextlib.suppress(KeyError, ValueError):
             peer.session.request_error(rid, code, reason, retry_interval=retry)
         peer.schedule_flush()
 
-    def _ok(self, kind: str) -> None:
-        self.metrics.inc("kvcs_relay_requests_total", type=kind, result="ok")
+    def _ok(self, kind: str, peer: RelaySession, rid: int) -> None:
+        self.metrics.request_answered((peer.id, rid), kind, "ok")
 
     def on_request(self, peer: RelaySession, e: ev.RequestReceived) -> None:
         """Authorize a request of ``peer``'s peer, check the limits, then route it."""
         m = e.message
         kind = request_kind(m)
         rid = e.request_id
+        self.metrics.request_started((peer.id, rid))
         if kind not in RELAYED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
             self.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
                         "not supported by this relay")
@@ -435,19 +447,20 @@ class Relay:
             return
         if isinstance(m, PublishNamespace):
             peer.session.request_ok(rid)
-            self._ok(kind)
+            self._ok(kind, peer, rid)
             self.namespaces.publish(peer, rid, tuple(m.namespace))
             self.announcer.sync()
             return
         if isinstance(m, SubscribeNamespace):
             peer.session.request_ok(rid)
-            self._ok(kind)
+            self._ok(kind, peer, rid)
             self.namespaces.watch(peer, rid, tuple(m.namespace_prefix))
             return
         self._route(peer, e, kind)
 
     def on_cancelled(self, peer: RelaySession, rid: int) -> None:
         """``peer``'s peer cancelled request ``rid`` (one the TrackServer did not serve)."""
+        self.metrics.request_forgotten((peer.id, rid))
         if self.tier is not None and self.tier.cancelled(peer, rid):
             return
         link = peer.waiting.pop(rid, None)
@@ -537,7 +550,7 @@ class Relay:
         track.touch()
         if isinstance(m, TrackStatus):
             peer.server.serve(rid, m, track)
-            self._ok(kind)
+            self._ok(kind, peer, rid)
             peer.schedule_flush()
             return
         peer.served[rid] = link
@@ -546,9 +559,9 @@ class Relay:
         if isinstance(m, Fetch):
             peer.fetches.add(rid)
         if peer.server.serve(rid, m, track):
-            self._ok(kind)
+            self._ok(kind, peer, rid)
         else:
-            self.metrics.inc("kvcs_relay_requests_total", type=kind, result="rejected")
+            self.metrics.request_answered((peer.id, rid), kind, "rejected")
         if not peer.server.serving(rid):
             self.on_served_done(peer, rid)
         peer.schedule_flush()
@@ -571,7 +584,7 @@ class Relay:
         if isinstance(e, ev.RequestAccepted):
             with contextlib.suppress(KeyError, ValueError):
                 peer.session.request_ok(drid, e.message.params, e.message.track_properties)
-            self._ok("track_status")
+            self._ok("track_status", peer, drid)
         elif isinstance(e, ev.RequestRejected):
             self.reject(peer, drid, "track_status", e.message.code, e.message.reason)
         else:

@@ -175,10 +175,14 @@ def test_protection_member():
         check_protection(make(), protected=True)
     check_protection(make(), protected=False)
     for bad, why in (({"scheme": "sframe", "key_id_property": 120}, "not supported"),
-                     ({"scheme": "moq-secure-objects", "key_id_property": 2}, "0x2"),
+                     ({"scheme": "moq-secure-objects", "key_id_property": 4}, "0x4"),
                      ({"scheme": "moq-secure-objects"}, "key_id_property"),
                      ("yes", "not an object")):
         doc = json.loads(b)
         doc["protection"] = bad
         with pytest.raises(ManifestError, match=why):
             Manifest.parse(json.dumps(doc))
+    # the draft's Key ID property, on the draft's wire (kvcs.kv.secure_wire.DRAFT_WIRE)
+    doc = json.loads(b)
+    doc["protection"]["key_id_property"] = 2
+    assert Manifest.parse(json.dumps(doc)).protection == Protection(key_id_property=2)

@@ -343,3 +343,30 @@ def test_publish_done_counting_streams_never_seen_ends_when_the_binding_stops_wa
     assert done.request_id == rid and done.message.stream_count == 2
     p.client.stop_waiting_for_streams(rid)  # again, or for a request long gone: nothing
     assert list(p.client.events()) == []
+
+
+def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
+    """The digest 4.11 timer is for streams never seen: while a counted stream is still
+    open (a large fill on a loaded host), stop_waiting_for_streams keeps the subscription
+    and says so; it ends when the stream does."""
+    p = established()
+    rid = p.client.subscribe(NS, b"t")
+    p.pump()
+    p.events(p.server)
+    p.server.subscribe_ok(rid, track_alias=9)
+    p.pump()
+    p.events(p.client)
+    data = p.server.open_subgroup(rid, 0)
+    p.server.write_object(data, 0, b"x" * 100)
+    p.pump()
+    sid = p.client.subscription_info(rid).stream_id
+    p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 1, "")), True)
+    evs = list(p.client.events())
+    assert "SubscriptionEnded" not in kinds(evs)
+    assert p.client.stop_waiting_for_streams(rid) is True  # still receiving: wait again
+    assert "SubscriptionEnded" not in kinds(list(p.client.events()))
+    p.server.end_data_stream(data)
+    p.pump()
+    (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
+    assert done.request_id == rid
+    assert p.client.stop_waiting_for_streams(rid) is False
