@@ -216,6 +216,14 @@ class BoundSession:
             log.exception("error handling %s", type(e.message).__name__)
         self.schedule_flush()
 
+    def open_requests(self) -> int:
+        """Requests the peer has open with us (admission limits them)."""
+        return self.server.active
+
+    def open_fetches(self) -> int:
+        """FETCHes of the peer being served (admission limits them)."""
+        return self.server.fetching
+
     def handle_request(self, e: ev.RequestReceived) -> None:
         """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
         self.session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,

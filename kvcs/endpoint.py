@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from .admission import Admission
@@ -50,26 +50,23 @@ from .moqt.track import Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
-    Fetch,
     FetchOk,
     GroupOrder,
     Location,
     LocationFilter,
+    ObjectRecord,
     Parameters,
     Properties,
     PublishDone,
-    PublishNamespace,
     RangeFilter,
     RequestError,
     RequestOk,
-    Subscribe,
-    SubscribeNamespace,
     SubscribeOk,
     TrackNamespace,
-    TrackStatus,
     namespace_has_prefix,
 )
 from .publishing import OriginPublisher
+from .routing import Router
 from .transport import MoqtConnection, QuicSettings, Server
 
 log = logging.getLogger(__name__)
@@ -81,23 +78,12 @@ class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedObject:
-    """One object as the application sees it; ``payload`` is a zero-copy view."""
+@dataclass(slots=True)
+class ReceivedObject(ObjectRecord):
+    """One object as the application sees it: an :class:`ObjectRecord` (``payload`` a
+    zero-copy view) and whether it came by a fill (FETCH) rather than the subscription."""
 
-    group_id: int
-    object_id: int
-    subgroup_id: int
-    publisher_priority: int | None
-    status: int
-    properties: Properties
-    payload: memoryview
-    fill: bool
-
-    @property
-    def location(self) -> Location:
-        """The object's Location."""
-        return Location(self.group_id, self.object_id)
+    fill: bool = field(default=False, kw_only=True)
 
 
 _END = object()
@@ -277,6 +263,8 @@ class Endpoint(OriginPublisher, BoundSession):
         self.admission = admission
         """Checks the peer's requests (tokens, limits) before they are answered; None:
         every request is answered (a client endpoint trusts its relay)."""
+        self.router: Router[Endpoint] = _EndpointRouter(self.origin, admission)
+        """Routes the peer's requests (:mod:`kvcs.routing`)."""
         self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
         self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
         self._requests: dict[int, Any] = {}
@@ -489,33 +477,8 @@ class Endpoint(OriginPublisher, BoundSession):
 
     def handle_request(self, e: ev.RequestReceived) -> None:
         """Answer the peer's request from :attr:`origin` (once :attr:`admission` admits
-        it)."""
-        m = e.message
-        s = self.session
-        if self.admission is not None:
-            refusal = self.admission.check(self.peer_setup, m, self.open_requests(),
-                                           self.server.fetching)
-            if refusal is not None:
-                if refusal.close_session:
-                    self.close(refusal.code, refusal.reason)
-                else:
-                    s.request_error(e.request_id, refusal.code, refusal.reason,
-                                    retry_interval=refusal.retry_ms)
-                return
-        if isinstance(m, Subscribe | Fetch | TrackStatus):
-            track = self.origin.track(m.namespace, m.name)
-            if track is None:
-                s.request_error(e.request_id, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            else:
-                self.server.serve(e.request_id, m, track)
-        elif isinstance(m, PublishNamespace):
-            self.peer_namespaces[e.request_id] = tuple(m.namespace)
-            s.request_ok(e.request_id)
-        elif isinstance(m, SubscribeNamespace):
-            s.request_ok(e.request_id)
-            send_namespace_notices(self.origin.watch(self, e.request_id, m.namespace_prefix))
-        else:
-            super().handle_request(e)
+        it): :attr:`router`."""
+        self.router.route(self, e)
 
     # ----------------------------------------------------------------- responses
 
@@ -527,7 +490,7 @@ class Endpoint(OriginPublisher, BoundSession):
                 r = e.record
                 target._put(ReceivedObject(r.group_id, r.object_id, r.subgroup_id,
                                            r.publisher_priority, r.status, r.properties,
-                                           r.payload, e.fill_id is not None))
+                                           r.payload, r.datagram, fill=e.fill_id is not None))
             return
         rid = getattr(e, "request_id", None)
         target = self._requests.get(rid) if rid is not None else None
@@ -601,6 +564,13 @@ class Endpoint(OriginPublisher, BoundSession):
         for rid in self.origin.watches(self):
             self.origin.unwatch(self, rid)
         send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
+
+
+class _EndpointRouter(Router[Endpoint]):
+    """An application's routing: it records the peer's PUBLISH_NAMESPACEs."""
+
+    def published(self, session: Endpoint, request_id: int, namespace: TrackNamespace) -> None:
+        session.peer_namespaces[request_id] = namespace
 
 
 def _done_name(done: PublishDone) -> str:
