@@ -32,13 +32,11 @@ from ..moqt import events as ev
 from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
 from ..moqt.origin import Origin
-from ..moqt.track import FullTrackName, Track
+from ..moqt.track import Track
 from ..moqt.wire import (
     AuthToken,
     Fetch,
-    PublishNamespace,
     Subscribe,
-    SubscribeNamespace,
     TrackNamespace,
     TrackStatus,
 )
@@ -49,7 +47,8 @@ from .links import Link, Links
 from .linkstats import LinkStats
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
-from .session import RELAYED_REQUESTS, ROUTED_DOWN, RelaySession, request_kind
+from .routing import RelayRouter
+from .session import RelaySession, request_kind
 from .store import Store
 from .tier import DiskTier
 
@@ -98,6 +97,8 @@ class Relay:
         self.sessions: dict[int, RelaySession] = {}
         self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
+        self.router = RelayRouter(self)
+        """Routes every session's requests (:mod:`kvcs.relay.routing`)."""
         self.link_stats = LinkStats(self)
         self.announcer = Announcer(self)
         self.upstream_url: str | None = None
@@ -414,50 +415,6 @@ class Relay:
     def _ok(self, kind: str, peer: RelaySession, rid: int) -> None:
         self.metrics.request_answered((peer.id, rid), kind, "ok")
 
-    def on_request(self, peer: RelaySession, e: ev.RequestReceived) -> None:
-        """Authorize a request of ``peer``'s peer, check the limits, then route it."""
-        m = e.message
-        kind = request_kind(m)
-        rid = e.request_id
-        self.metrics.request_started((peer.id, rid))
-        if kind not in RELAYED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
-            self.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
-                        "not supported by this relay")
-            return
-        if self.going_away:
-            self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
-            return
-        if peer.upstream:
-            # the upstream relay asks for a track under a namespace we announced to it
-            # (kvcs.relay.announce): it authorized its own client; we chose to connect to it
-            assert isinstance(m, Subscribe | Fetch | TrackStatus)
-            if self.announcer.covers(tuple(m.namespace)):
-                self._route(peer, e, kind)
-            else:
-                self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                            "not announced upstream")
-            return
-        refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
-                                       peer.open_fetches())
-        if refusal is not None:
-            if refusal.close_session:
-                self.close_session(peer, refusal.code, refusal.reason)
-            else:
-                self.reject(peer, rid, kind, refusal.code, refusal.reason, refusal.retry_ms)
-            return
-        if isinstance(m, PublishNamespace):
-            peer.session.request_ok(rid)
-            self._ok(kind, peer, rid)
-            self.namespaces.publish(peer, rid, tuple(m.namespace))
-            self.announcer.sync()
-            return
-        if isinstance(m, SubscribeNamespace):
-            peer.session.request_ok(rid)
-            self._ok(kind, peer, rid)
-            self.namespaces.watch(peer, rid, tuple(m.namespace_prefix))
-            return
-        self._route(peer, e, kind)
-
     def on_cancelled(self, peer: RelaySession, rid: int) -> None:
         """``peer``'s peer cancelled request ``rid`` (one the TrackServer did not serve)."""
         self.metrics.request_forgotten((peer.id, rid))
@@ -487,54 +444,12 @@ class Relay:
 
     # ------------------------------------------------------------------ routing
 
-    def _route(self, peer: RelaySession, e: ev.RequestReceived, kind: str) -> None:
-        m = e.message
-        assert isinstance(m, Subscribe | Fetch | TrackStatus)
-        key: FullTrackName = (tuple(m.namespace), bytes(m.name))
-        rid = e.request_id
-        track = self.origin.get(key)
-        link = self.links.get(key)
-        if track is not None and track.complete:
-            self.metrics.inc("kvcs_relay_cache_hits_total")
-            self.serve(peer, e, track, None)
-            return
-        if link is not None and peer.upstream and link.source.upstream:
-            # the upstream asks for what we are asking it: a loop (a namespace we announced
-            # and it routes back to us); refusing ends both requests
-            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                        "not held here (asked upstream)")
-            return
-        if link is not None:
-            if link.established:
-                self.metrics.inc("kvcs_relay_cache_hits_total")
-                self.serve(peer, e, link.track, link)
-            else:
-                self._wait(peer, e, link)
-            return
-        if track is None and self.tier is not None and self.tier.route(peer, e, key):
-            return  # the store holds it: routed again once loaded
-        source = self.namespaces.source(key[0])
-        if source is not None and source.upstream and peer.upstream:
-            source = None  # never back up where the request came from (no loops)
-        if source is None:
-            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                        "no publisher for this namespace")
-            return
-        if isinstance(m, TrackStatus):
-            fwd = source.session.track_status(key[0], key[1], source.request_params())
-            source.status_forwarded[fwd] = (peer, rid)
-            peer.served[rid] = None
-            source.schedule_flush()
-            return
-        self.metrics.inc("kvcs_relay_cache_misses_total")
-        link = self.links.open(key, source, track)
-        self._wait(peer, e, link)
-
     def route_again(self, peer: RelaySession, e: ev.RequestReceived) -> None:
         """Route request ``e`` of ``peer`` again (it waited for the disk tier)."""
-        self._route(peer, e, request_kind(e.message))
+        self.router.route_track(peer, e)
 
-    def _wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
+    def wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
+        """Request ``e`` of ``peer`` waits until ``link`` is established (or fails)."""
         link.waiting.append((peer, e))
         peer.waiting[e.request_id] = link
         if isinstance(e.message, Fetch):

@@ -15,32 +15,20 @@ from typing import TYPE_CHECKING
 from ..binding import BoundSession
 from ..moqt import events as ev
 from ..moqt.errors import StreamResetCode
-from ..moqt.wire import (
-    AuthToken,
-    Fetch,
-    Parameters,
-    PublishNamespace,
-    Subscribe,
-    SubscribeNamespace,
-    TrackStatus,
-)
+from ..moqt.wire import AuthToken, Parameters
+from ..routing import ROUTED_REQUESTS, request_kind
 from ..transport import MoqtConnection
+
+__all__ = ["RELAYED_REQUESTS", "ROUTED_DOWN", "RelaySession", "request_kind"]
 
 if TYPE_CHECKING:
     from .links import Link
     from .relay import Relay
 
-_KINDS = {Subscribe: "subscribe", Fetch: "fetch", TrackStatus: "track_status",
-          PublishNamespace: "publish_namespace", SubscribeNamespace: "subscribe_namespace"}
-RELAYED_REQUESTS = frozenset(_KINDS.values())
-"""The request kinds the relay handles (metrics label ``type``)."""
+RELAYED_REQUESTS = ROUTED_REQUESTS
+"""The request kinds the relay handles (metrics label ``type``: :func:`request_kind`)."""
 ROUTED_DOWN = frozenset(("subscribe", "fetch", "track_status"))
 """The request kinds the upstream relay may make of us (kvcs.relay.announce)."""
-
-
-def request_kind(message: object) -> str:
-    """The metrics label of a request message (``subscribe``, ``fetch``, ...)."""
-    return _KINDS.get(type(message), type(message).__name__.lower())
 
 
 class RelaySession(BoundSession):
@@ -94,7 +82,7 @@ class RelaySession(BoundSession):
     # ------------------------------------------------------------ BoundSession
 
     def handle_request(self, e: ev.RequestReceived) -> None:
-        self.relay.on_request(self, e)
+        self.relay.router.route(self, e)
 
     def handle_event(self, e: ev.Event) -> None:
         relay = self.relay
@@ -114,6 +102,8 @@ class RelaySession(BoundSession):
         elif self.upstream and (relay.namespaces.on_upstream_event(rid, e)
                                 or relay.announcer.on_event(rid, e)):
             return
+        elif isinstance(e, ev.UpdateReceived):
+            relay.namespaces.sync(self, e)  # of a namespace watch (the server took the rest)
         elif isinstance(e, ev.RequestCancelled):
             relay.on_cancelled(self, rid)
 
