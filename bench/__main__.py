@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     some suites replaces their figures and keeps the others')."""
     from bench import (
         bench_codec,
+        bench_discovery,
         bench_e2e,
         bench_hf,
         bench_kv,
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "discovery": bench_discovery.main,
         "hf": bench_hf.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,

@@ -127,6 +127,14 @@ FIGURES: tuple[Figure, ...] = (
            0, Target(">=", 2048)),
     Figure("q8_decode_mib_s", "kv", "q8 decode, slowest of block/layer x f16/bf16", "MiB/s",
            0, Target(">=", 2048)),
+    Figure("miss_latency_ms", "discovery",
+           "discovery miss, 4096-token prompt, through a relay on loopback", "ms", 1,
+           Target("<=", 50), "{miss_discovery_requests} request(s); range "
+                             "{miss_latency_range_ms}"),
+    Figure("hit_discovery_ms", "discovery",
+           "discovery hit, 4096 tokens (lookup + manifest read)", "ms", 1,
+           Target("<=", 50), "{hit_discovery_requests} request(s); range "
+                             "{hit_discovery_range_ms}"),
     Figure("e2e_secure_ratio", "secure", "KVCS live with Secure Objects / without", "", 2,
            Target(">=", 0.85), "{protected_goodput_mib_s:.0f} vs "
                                "{plaintext_goodput_mib_s:.0f} MiB/s through the relay; "
