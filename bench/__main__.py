@@ -32,11 +32,13 @@ def main(argv: list[str]) -> int:
         bench_e2e,
         bench_hf,
         bench_kv,
+        bench_mooncake,
         bench_moqt,
         bench_relay,
         bench_secure,
         bench_transport,
         bench_tree,
+        bench_wan,
     )
 
     suites: dict[str, Any] = {
@@ -50,6 +52,8 @@ def main(argv: list[str]) -> int:
         "hf": bench_hf.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
+        "wan": bench_wan.main,
+        "mooncake": bench_mooncake.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]
