@@ -93,7 +93,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:

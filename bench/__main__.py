@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
         bench_secure,
         bench_transport,
         bench_tree,
+        bench_vllm,
     )
 
     suites: dict[str, Any] = {
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
         "hf": bench_hf.main,
+        "vllm": bench_vllm.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
     }
