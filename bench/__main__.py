@@ -28,15 +28,18 @@ def main(argv: list[str]) -> int:
     some suites replaces their figures and keeps the others')."""
     from bench import (
         bench_codec,
+        bench_discovery,
         bench_e2e,
         bench_hf,
         bench_kv,
+        bench_mooncake,
         bench_moqt,
         bench_relay,
         bench_secure,
         bench_transport,
         bench_tree,
         bench_vllm,
+        bench_wan,
     )
 
     suites: dict[str, Any] = {
@@ -46,10 +49,13 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "discovery": bench_discovery.main,
         "hf": bench_hf.main,
         "vllm": bench_vllm.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
+        "wan": bench_wan.main,
+        "mooncake": bench_mooncake.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

@@ -269,6 +269,20 @@ def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
         n.session.send_namespace(n.request_id, n.namespace, n.active)
 
 
+def answer_namespace_update(session: Session, e: ev.UpdateReceived) -> None:
+    """Answer a REQUEST_UPDATE of a SUBSCRIBE_NAMESPACE we serve: REQUEST_OK when it
+    changes nothing (a peer's :meth:`NamespaceWatch.sync
+    <kvcs.endpoint.NamespaceWatch.sync>`; sent after the NAMESPACE messages already queued
+    on the stream, so it tells the peer its list is whole), NOT_SUPPORTED for a new
+    prefix."""
+    if e.params.track_namespace_prefix is not None:
+        session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
+                              "a namespace subscription's prefix cannot be changed",
+                              update_id=e.update_id)
+    else:
+        session.request_ok(e.request_id, update_id=e.update_id)
+
+
 async def open_session(
     url: str,
     make: Callable[[MoqtConnection], B],

@@ -36,6 +36,7 @@ from .binding import (
     BoundSession,
     MoqtRequestError,
     SessionClosedError,
+    answer_namespace_update,
     open_session,
     resolve_once,
     send_namespace_notices,
@@ -206,6 +207,7 @@ class NamespaceWatch:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._accepted: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._error: BaseException | None = None
+        self._updates: dict[int, asyncio.Future[RequestOk]] = {}
 
     def __aiter__(self) -> AsyncIterator[tuple[bool, TrackNamespace]]:
         return self
@@ -225,6 +227,17 @@ class NamespaceWatch:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except (TimeoutError, StopAsyncIteration):
             return None
+
+    async def sync(self) -> None:
+        """Send a REQUEST_UPDATE that changes nothing and wait for its REQUEST_OK. The peer
+        answers it on the request's stream after the NAMESPACE messages of what it held
+        when it read the update, so :attr:`current` then lists every namespace under the
+        prefix that the peer knew (one round trip). MoqtRequestError if refused."""
+        uid = self.endpoint.session.request_update(self.request_id, Parameters())
+        fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
+        self._updates[uid] = fut
+        self.endpoint.flush()
+        await fut
 
     async def cancel(self) -> None:
         """Stop watching."""
@@ -489,7 +502,7 @@ class Endpoint(OriginPublisher, BoundSession):
                 # the fetch stream overtook FETCH_OK (streams are not ordered)
                 self._requests.pop(rid, None)  # type: ignore[arg-type]
         elif isinstance(e, ev.RequestAccepted):
-            if e.update_id is not None and isinstance(target, Subscription):
+            if e.update_id is not None and isinstance(target, Subscription | NamespaceWatch):
                 resolve_once(target._updates.pop(e.update_id, None), e.message)
             elif isinstance(target, NamespaceWatch):
                 resolve_once(target._accepted, e.message)
@@ -500,7 +513,7 @@ class Endpoint(OriginPublisher, BoundSession):
         elif isinstance(e, ev.RequestRejected):
             m: RequestError = e.message
             exc = MoqtRequestError(m.code, m.reason, m.retry_interval)
-            if e.update_id is not None and isinstance(target, Subscription):
+            if e.update_id is not None and isinstance(target, Subscription | NamespaceWatch):
                 fut = target._updates.pop(e.update_id, None)
                 if fut is not None and not fut.done():
                     fut.set_exception(exc)
@@ -534,6 +547,8 @@ class Endpoint(OriginPublisher, BoundSession):
         elif isinstance(e, ev.NamespaceWithdrawn) and isinstance(target, NamespaceWatch):
             target.current.discard(e.namespace)
             target._queue.put_nowait((False, e.namespace))
+        elif isinstance(e, ev.UpdateReceived) and e.request_id in self.origin.watches(self):
+            answer_namespace_update(self.session, e)
         elif isinstance(e, ev.RequestCancelled):
             ns = self.peer_namespaces.pop(e.request_id, None)
             if ns is not None:

@@ -137,7 +137,7 @@ def scope_for_salt(scope: ScopeKey, salt: str | None) -> ScopeKey:
 
 
 def _weights_revision(directory: Path) -> str | None:
-    from .hf import WEIGHT_SUFFIXES, weights_revision
+    from ..kv.model_id import WEIGHT_SUFFIXES, weights_revision
 
     if not directory.is_dir() or not any(f.suffix in WEIGHT_SUFFIXES
                                          for f in directory.iterdir()):

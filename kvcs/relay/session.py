@@ -102,6 +102,8 @@ class RelaySession(BoundSession):
         elif self.upstream and (relay.namespaces.on_upstream_event(rid, e)
                                 or relay.announcer.on_event(rid, e)):
             return
+        elif isinstance(e, ev.UpdateReceived):
+            relay.namespaces.sync(self, e)  # of a namespace watch (the server took the rest)
         elif isinstance(e, ev.RequestCancelled):
             relay.on_cancelled(self, rid)
 
