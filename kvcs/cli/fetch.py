@@ -87,10 +87,12 @@ def _fetch_parser(sub: Any) -> argparse.ArgumentParser:
                       "with this SHA-256 fingerprint (printed by `kvcs kvsp-serve`)")
     add_index_options(p, "find publications through this KVSP Index (a lookup of the prompt's "
                    "Block Keys; no prefix is revealed to relays)")
-    p.add_argument("--discovery", choices=["prefix", "index", "index-first"],
-                   help="prefix: probe successively shorter prefixes at the relay; index: "
-                        "ask --index only; index-first (default with --index): the index, "
-                        "then prefixes")
+    p.add_argument("--discovery", choices=["namespace", "index", "index-first", "prefix"],
+                   help="namespace (default without --index): one request lists the "
+                        "scope's publications at the relay, matched here (one round trip "
+                        "whatever the prompt's length); index: ask --index only; "
+                        "index-first (default with --index): both, the index's first; "
+                        "prefix: probe successively shorter prefixes (one request each)")
     p.set_defaults(func=run_fetch)
     return p
 

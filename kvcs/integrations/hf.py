@@ -34,7 +34,6 @@ unverified was used: recompute the prompt.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import math
 import threading
@@ -53,6 +52,7 @@ from transformers.cache_utils import DynamicLayer
 from ..errors import KvcsError
 from ..kv.ids import CompatDescriptor, ScopeKey
 from ..kv.manifest import Manifest, Segment, segment_covers
+from ..kv.model_id import identity_of_directory, weights_revision
 from ..kvnet.consumer import KvConsumer, KvLayer, Publication
 from ..kvnet.publisher import KvPublisher, PublisherOptions, PublishTarget
 
@@ -123,13 +123,15 @@ def _json_safe(value: Any) -> Any:
 
 
 def descriptor_for(model: PreTrainedModel, *, model_id: str, revision: str,
-                   tokenizer: str | None = None, block_tokens: int = 16) -> CompatDescriptor:
+                   tokenizer: str | None = None, block_tokens: int = 16,
+                   config_id: str | None = None) -> CompatDescriptor:
     """The KVSP Compatibility Descriptor of a model's KV cache.
 
     ``model_id`` and ``revision`` name the weights (a hub id and commit, or a file and its
     hash): two workers share caches only when they agree on both. ``tokenizer`` defaults to
     ``model_id``. ``extra`` records what else changes the numbers: the model type, its
-    RoPE parameters and the attention implementation. Raises ValueError for a model whose
+    RoPE parameters, the attention implementation and ``config_id`` (the config's hash,
+    :func:`kvcs.kv.model_id.config_identity`) when given. Raises ValueError for a model whose
     cache this integration cannot carry (sliding windows, unsupported dtype).
     """
     cfg = model.config.get_text_config(decoder=True)
@@ -141,6 +143,8 @@ def descriptor_for(model: PreTrainedModel, *, model_id: str, revision: str,
     rope = getattr(cfg, "rope_parameters", None)
     if rope:
         extra["rope_parameters"] = _json_safe(dict(rope))
+    if config_id is not None:
+        extra["config"] = config_id
     return CompatDescriptor.from_dict({
         "kvsp": 1, "model": model_id, "revision": revision,
         "tokenizer": tokenizer or model_id, "block_tokens": block_tokens, "layout": "tnd",
@@ -148,48 +152,29 @@ def descriptor_for(model: PreTrainedModel, *, model_id: str, revision: str,
     })
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-"""Files of a model directory that hold weights: their bytes define its revision."""
-
-
-def weights_revision(directory: str | Path) -> str:
-    """``sha256:<hex>`` of a model directory's weight files (names and bytes, in name
-    order): two directories get the same revision only if they hold the same weights, so
-    two fine-tunes with one config never share caches. Reads every weight file once
-    (SHA-256 runs at ~1.4 GiB/s here)."""
-    files = sorted(f for f in Path(directory).iterdir()
-                   if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
-    if not files:
-        raise ValueError(f"{directory}: no weight files ({', '.join(WEIGHT_SUFFIXES)}): "
-                         "give the revision explicitly")
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0")
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 24):
-                digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
 def descriptor_for_directory(directory: str | Path, *, model_id: str | None = None,
                              revision: str | None = None, tokenizer: str | None = None,
                              block_tokens: int = 16) -> CompatDescriptor:
     """The descriptor of a local transformers model directory (``config.json`` and
     weights), without loading the weights: the model is built on the meta device from its
-    config and dtype. ``model_id`` defaults to the config's ``_name_or_path`` or the
-    directory name, ``revision`` to :func:`weights_revision`."""
+    config and dtype. ``model``, ``revision`` and ``tokenizer`` come from the model, never
+    from the path (:func:`kvcs.kv.model_id.identity_of_directory`: hub ID or architecture,
+    SHA-256 of the weights, SHA-256 of the tokenizer files), so the same model gives the
+    same Compatibility ID from a relative and an absolute path, on any machine."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(directory)
+    ident = identity_of_directory(path, model_id=model_id, revision=revision,
+                                  tokenizer=tokenizer)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
-    name = model_id or str(getattr(config, "_name_or_path", "") or path.resolve().name)
-    return descriptor_for(model, model_id=name, revision=revision or weights_revision(path),
-                          tokenizer=tokenizer, block_tokens=block_tokens)
+    return descriptor_for(model, model_id=ident.model, revision=ident.revision,
+                          tokenizer=ident.tokenizer, block_tokens=block_tokens,
+                          config_id=ident.config)
 
 
 def check_model(model: PreTrainedModel, descriptor: CompatDescriptor) -> None:

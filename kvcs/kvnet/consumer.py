@@ -15,11 +15,14 @@ Embed it in a decode worker::
 
 Procedures (kvcs-draft "Consumer Procedures"):
 
-* discovery: SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID, AnchorKey) for the
-  longest prefix, then successively shorter ones; or (``index=``, ``discovery=``) a KVSP
-  Index lookup of the prompt's Block Keys, whose ``moqt://`` replica records name
-  publications (also those of a longer prefix than the prompt) without revealing prefixes
-  to relays;
+* discovery (:mod:`kvcs.kvnet.discovery`), one round trip whatever the prompt's length:
+  one SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID) that lists the scope's
+  publications of this CompatID, matched against the prompt's Block Keys locally; and/or
+  (``index=``, ``discovery=``) a KVSP Index lookup of the prompt's Block Keys, whose
+  ``moqt://`` replica records name publications (also those of a longer prefix than the
+  prompt). Neither reveals a prefix to relays. Probing prefix by prefix
+  (``discovery="prefix"``) only when asked for. :meth:`KvConsumer.longest_prefix` is the
+  lookup alone (no manifest read), for a serving engine's scheduler;
 * manifest (:mod:`kvcs.kvnet.manifest_track`): SUBSCRIBE to ``manifest.cose`` (Next Object
   + fill Relative Start 1), to ``manifest`` only when the publisher says ``manifest.cose``
   does not exist and authenticity is not required; CompatID of ``compat`` must equal the
@@ -80,7 +83,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -114,9 +117,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: ``KvConsumer(discovery=...)``: prefix probing only, the KVSP Index only, or the index
-#: first and prefix probing when it names no usable publication.
-DISCOVERY_MODES = ("prefix", "index", "index-first")
+#: ``KvConsumer(discovery=...)``: one namespace listing (the default without an index), the
+#: KVSP Index only, both at once with the index's publications first (the default with an
+#: index), or prefix probing (one request per prefix length: only when asked for).
+DISCOVERY_MODES = ("namespace", "index", "index-first", "prefix")
 
 
 class KvConsumer:
@@ -125,10 +129,12 @@ class KvConsumer:
     ``codec``: a codec name or a preference order (e.g. ``["q8", "raw"]``). ``index``: a
     KVSP Index (:class:`~kvcs.kvnet.kvsp_http.KvspClient`) for ``discovery`` ``"index"``
     or ``"index-first"`` (the default when ``index`` is given), and for more holders in
-    HTTP recovery. ``connect``: opens an endpoint to a relay the index names that none of
-    ``endpoints`` is connected to, and reopens the relay of an endpoint whose session ended
-    when an interrupted retrieval has no other open endpoint to go on with (the consumer
-    owns and :meth:`aclose` closes those).
+    HTTP recovery. ``discovery`` (:data:`DISCOVERY_MODES`) defaults to ``"namespace"``
+    without an index. ``discovery_timeout``: how long a peer that does not confirm a
+    namespace listing (or a prefix probe) is waited for. ``connect``: opens an endpoint to
+    a relay the index names that none of ``endpoints`` is connected to, and reopens the
+    relay of an endpoint whose session ended when an interrupted retrieval has no other
+    open endpoint to go on with (the consumer owns and :meth:`aclose` closes those).
     """
 
     def __init__(
@@ -161,10 +167,10 @@ class KvConsumer:
         sources fail (recovery) or when there is no MOQT path (:meth:`http_layers`)."""
         self.index = index
         """The KVSP Index asked for publications (and holders)."""
-        self.discovery = discovery or ("index-first" if index is not None else "prefix")
+        self.discovery = discovery or ("index-first" if index is not None else "namespace")
         if self.discovery not in DISCOVERY_MODES:
             raise ValueError(f"discovery must be one of {DISCOVERY_MODES}, got {discovery!r}")
-        if self.discovery != "prefix" and index is None:
+        if self.discovery in ("index", "index-first") and index is None:
             raise ValueError(f"discovery={self.discovery!r} needs index=KvspClient(...)")
         self.connect = connect
         self.descriptor = (descriptor if isinstance(descriptor, CompatDescriptor)
@@ -256,23 +262,92 @@ class KvConsumer:
     async def discover(self, max_blocks: int | None = None,
                        endpoint: Endpoint | None = None) -> Publication | None:
         """Find a usable publication for the longest reusable prefix (None if nothing
-        matches), through the KVSP Index and/or prefix probing (``discovery``; ``endpoint``
-        probes that endpoint only). Publications whose manifest fails its checks (CompatID,
-        Block Keys, signature) are discarded and the next one is tried."""
-        if endpoint is None and self.discovery != "prefix":
-            pub = await self._first_usable(await self.finder.index_publications(max_blocks))
-            if pub is not None or self.discovery == "index":
-                return pub
-        if endpoint is None and not self.endpoints:
+        matches): the candidates of :meth:`lookup`, the longest first, each until one's
+        manifest passes its checks (CompatID, Block Keys, signature); the others are
+        discarded (:attr:`discarded`). With ``discovery="prefix"`` the probes go on with
+        shorter prefixes while none is usable."""
+        if self.discovery == "prefix" and (endpoint is not None or self.endpoints):
+            return await self._probe(max_blocks, endpoint, usable=True)
+        return await self._first_usable(await self.lookup(max_blocks, endpoint))
+
+    async def lookup(self, max_blocks: int | None = None,
+                     endpoint: Endpoint | None = None) -> list[Publication]:
+        """The publications that cover a prefix of this prompt, the longest first, from
+        one lookup (``discovery``; ``endpoint``: ask that endpoint only): one KVSP Index
+        lookup, or one namespace listing (one SUBSCRIBE_NAMESPACE, one round trip whatever
+        the prompt's length), both with ``"index-first"`` (at once: the index's first);
+        with ``"prefix"``, probes of successively shorter prefixes until one has any.
+        Reads no manifest and keeps nothing; within ``recompute_budget_s`` (what has not
+        answered by then counts as nothing found)."""
+        try:
+            async with asyncio.timeout(self.recompute_budget_s):
+                return await self._lookup(max_blocks, endpoint)
+        except TimeoutError:
+            log.warning("discovery unanswered within %.1f s (recompute budget)",
+                        self.recompute_budget_s)
+            return []
+
+    async def longest_prefix(self, budget_s: float | None = None) -> Publication | None:
+        """The longest published block-aligned prefix of this prompt (None: a miss), for
+        a serving engine's scheduler: ``prefix_blocks * descriptor.block_tokens`` tokens
+        need not be computed. One lookup (:meth:`lookup`), bounded by ``budget_s``
+        (default ``recompute_budget_s``); side-effect free: no manifest is read (the
+        retrieval checks it) and nothing is kept."""
+        budget = self.recompute_budget_s if budget_s is None else budget_s
+        try:
+            async with asyncio.timeout(budget):
+                found = await self._lookup(None, None)
+        except TimeoutError:
             return None
+        return found[0] if found else None
+
+    async def _lookup(self, max_blocks: int | None,
+                      endpoint: Endpoint | None) -> list[Publication]:
+        use_index = endpoint is None and self.discovery in ("index", "index-first")
+        use_moqt = endpoint is not None or (bool(self.endpoints) and
+                                            self.discovery != "index")
+        if self.discovery == "prefix":
+            return await self._probe(max_blocks, endpoint) if use_moqt else []
+        lookups = []
+        if use_index:
+            lookups.append(self.finder.index_publications(max_blocks))
+        if use_moqt:
+            lookups.append(self._listing(max_blocks, endpoint))
+        found = await asyncio.gather(*lookups)
+        pubs: list[Publication] = []
+        for some in found:
+            pubs += [p for p in some if p not in pubs]
+        return pubs
+
+    async def _listing(self, max_blocks: int | None,
+                       endpoint: Endpoint | None) -> list[Publication]:
         ep = await self.pool.open(endpoint or self.endpoint)
+        return await self.finder.listed_publications(
+            ep, max_blocks, fence=self.relay_profile.namespace_sync)
+
+    async def _probe(self, max_blocks: int | None, endpoint: Endpoint | None, *,
+                     usable: bool = False) -> Any:
+        """Prefix probing: the publications of the longest prefix that has any (with
+        ``usable``: the first usable publication of the longest prefix that has one),
+        within ``recompute_budget_s`` in all."""
+        ep = await self.pool.open(endpoint or self.endpoint)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.recompute_budget_s
         n = min(len(self.keys), max_blocks or len(self.keys))
         while n >= 1:
-            pub = await self._first_usable(await self.finder.publications_at(ep, n))
-            if pub is not None:
-                return pub
+            if loop.time() > deadline:
+                log.warning("prefix probing stopped at the recompute budget (%.1f s), "
+                            "%d prefix length(s) not probed", self.recompute_budget_s, n)
+                break
+            pubs = await self.finder.publications_at(ep, n)
+            if usable:
+                pub = await self._first_usable(pubs)
+                if pub is not None:
+                    return pub
+            elif pubs:
+                return pubs
             n -= 1
-        return None
+        return None if usable else []
 
     async def _first_usable(self, pubs: Sequence[Publication]) -> Publication | None:
         for pub in pubs:
@@ -288,23 +363,10 @@ class KvConsumer:
 
     async def discover_all(self, max_blocks: int | None = None,
                            endpoint: Endpoint | None = None) -> list[Publication]:
-        """All publications of the longest prefix that has any (others first-found first);
-        with the KVSP Index, those it names covering the most blocks."""
-        if endpoint is None and self.discovery != "prefix":
-            pubs = await self.finder.index_publications(max_blocks)
-            best = [p for p in pubs if p.prefix_blocks == pubs[0].prefix_blocks] if pubs else []
-            if best or self.discovery == "index":
-                return best
-        if endpoint is None and not self.endpoints:
-            return []
-        ep = await self.pool.open(endpoint or self.endpoint)
-        n = min(len(self.keys), max_blocks or len(self.keys))
-        while n >= 1:
-            pubs = await self.finder.publications_at(ep, n)
-            if pubs:
-                return pubs
-            n -= 1
-        return []
+        """All publications of the longest prefix that has any (others first-found first;
+        :meth:`lookup`), none of them checked."""
+        pubs = await self.lookup(max_blocks, endpoint)
+        return [p for p in pubs if p.prefix_blocks == pubs[0].prefix_blocks] if pubs else []
 
     # ------------------------------------------------------------------ manifest
 

@@ -1,8 +1,14 @@
 """Discovery: which publications cover a prefix of the consumer's prompt (kvcs-draft
 "Discovering Publications").
 
-* prefix probing (``discovery="prefix"``): SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID,
-  CompatID, AnchorKey) for the longest prefix, then successively shorter ones;
+* a namespace listing (the default, ``discovery="namespace"``): ONE SUBSCRIBE_NAMESPACE on
+  ("kvcs-1", ScopeID, CompatID) and a REQUEST_UPDATE that changes nothing in the same
+  flight, whose REQUEST_OK follows every NAMESPACE the peer held: the listed Anchor Keys
+  are matched against the prompt's Block Keys here, so a hit or a miss costs one round
+  trip whatever the prompt's length, and the relay learns no prefix;
+* prefix probing (``discovery="prefix"``, only when asked for): SUBSCRIBE_NAMESPACE on
+  ("kvcs-1", ScopeID, CompatID, AnchorKey) for the longest prefix, then successively
+  shorter ones (one request, and up to ``answer_wait`` seconds, per prefix length);
 * the KVSP Index (``discovery="index"``): one lookup of the prompt's Block Keys, whose
   ``moqt://`` replica records name publications (also those of a longer prefix than the
   prompt) without revealing prefixes to relays.
@@ -90,6 +96,68 @@ class Discovery:
         finally:
             await watch.cancel()
         return out
+
+    def scope_prefix(self) -> tuple[bytes, ...]:
+        """The namespace prefix of every publication of this scope and CompatID."""
+        fields = (self.scope_id, self.compat_id)
+        if self.hex_namespace:
+            return (b"kvcs-1", *(f.hex().encode() for f in fields))
+        return (b"kvcs-1", *fields)
+
+    async def listed_publications(self, ep: Endpoint, max_blocks: int | None = None,
+                                  *, fence: bool = True) -> list[Publication]:
+        """The publications ``ep`` knows of any prefix of the prompt, the longest first,
+        in one round trip whatever the prompt's length: ONE SUBSCRIBE_NAMESPACE on
+        ("kvcs-1", ScopeID, CompatID) and, in the same flight, a REQUEST_UPDATE that
+        changes nothing (:meth:`NamespaceWatch.sync <kvcs.endpoint.NamespaceWatch.sync>`);
+        the peer answers the update after the NAMESPACE messages of everything it held
+        when it read it (one stream, in order), so its REQUEST_OK says the list is whole.
+        Each listed Anchor Key is matched against the prompt's Block Keys here; what the
+        peer lists is never more than publications of this scope and CompatID.
+
+        Without ``fence`` (a peer that does not take REQUEST_UPDATE on namespace
+        subscriptions), the list is what arrived within ``answer_wait`` seconds."""
+        n_max = min(len(self.keys), max_blocks or len(self.keys))
+        where = {key: i for i, key in enumerate(self.keys[:n_max])}
+        self.stats.discovery_requests += 1
+        try:
+            watch = await asyncio.wait_for(ep.subscribe_namespace(self.scope_prefix()),
+                                           self.budget)
+        except MoqtRequestError as exc:
+            if exc.code == RequestErrorCode.UNAUTHORIZED:
+                raise
+            log.info("namespace listing refused: %s", exc)
+            return []
+        except TimeoutError:
+            log.warning("SUBSCRIBE_NAMESPACE unanswered for %.1f s", self.budget)
+            return []
+        try:
+            if fence:
+                # a kvcs peer answers in one round trip; one that ignores the update is
+                # taken at what it sent within a second (never longer than the budget)
+                try:
+                    await asyncio.wait_for(watch.sync(),
+                                           min(self.budget, max(1.0, self.answer_wait)))
+                except (TimeoutError, MoqtRequestError) as exc:
+                    log.info("namespace listing not confirmed whole (%s): using what "
+                             "arrived", exc or "no answer")
+            else:
+                await asyncio.sleep(self.answer_wait)
+            listed = list(watch.current)
+        finally:
+            await watch.cancel()
+        pubs: list[Publication] = []
+        for ns in listed:
+            try:
+                kns = KvcsNamespace.from_fields(ns, hex_fields=self.hex_namespace)
+            except ValueError:
+                continue
+            i = where.get(kns.anchor_key)
+            if i is not None and kns.scope_id == self.scope_id and \
+                    kns.compat_id == self.compat_id:
+                pubs.append(Publication(kns, tuple(ns), i + 1, ep))
+        pubs.sort(key=lambda p: -p.prefix_blocks)
+        return pubs
 
     async def index_publications(self, max_blocks: int | None) -> list[Publication]:
         """The publications the KVSP Index names for this prompt's Block Keys, those

@@ -53,6 +53,10 @@ class RelayProfile:
     """A SUBSCRIBE's fill may start before the current group."""
     fetch_without_subscription: bool
     """It fetches earlier groups upstream without holding a subscription to the track."""
+    namespace_sync: bool = False
+    """It answers a REQUEST_UPDATE on a SUBSCRIBE_NAMESPACE after the NAMESPACE messages
+    it held (discovery then knows a listing is whole in one round trip; else it waits
+    ``discovery_timeout``)."""
 
     @classmethod
     def resolve(cls, value: RelayProfile | str) -> RelayProfile:
@@ -86,7 +90,8 @@ class RelayProfile:
 
 
 KVCS_RELAY = RelayProfile("kvcs", track_status=True, multi_group_fetch=True,
-                          fill_before_current_group=True, fetch_without_subscription=True)
+                          fill_before_current_group=True, fetch_without_subscription=True,
+                          namespace_sync=True)
 MOQ_DEV_RELAY = RelayProfile("moq-dev", track_status=False, multi_group_fetch=False,
                              fill_before_current_group=False, fetch_without_subscription=False)
 #: The profiles by name (the values ``KvConsumer(relay_profile=...)`` accepts as strings).

@@ -159,6 +159,8 @@ class _Subscription:
     forward: bool
     filters: tuple[RangeFilter, ...]
     streams: dict[tuple[int, int], int] = field(default_factory=dict)
+    last_ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    """The last Object ID written on each open subgroup stream."""
     cursors: list[_Cursor] = field(default_factory=list)
     ended: bool = False  # track ended: PUBLISH_DONE once fills are done
     done: bool = False
@@ -544,6 +546,7 @@ class TrackServer:
             obj = objs[0]
             for sub in subs:
                 sid = sub.streams.pop((obj.group_id, obj.subgroup_id), None)
+                sub.last_ids.pop((obj.group_id, obj.subgroup_id), None)
                 if sid is not None:
                     self.session.end_data_stream(sid)
         elif what == "group_closed":
@@ -551,6 +554,7 @@ class TrackServer:
             for sub in subs:
                 for key in [k for k in sub.streams if k[0] == obj.group_id]:
                     self.session.end_data_stream(sub.streams.pop(key))
+                    sub.last_ids.pop(key, None)
         elif what == "ended":
             for sub in subs:
                 self._track_ended(sub)
@@ -595,6 +599,13 @@ class TrackServer:
         sid = sub.streams.get(key)
         if sid is not None and not s.data_stream_open(sid):
             sid = None
+        if sid is not None and obj.object_id <= sub.last_ids.get(key, -1):
+            # behind what this stream carried already (a relay whose upstream sent the
+            # subgroup on two streams that raced): a subgroup stream only goes forward, so
+            # it ends here, with everything written to it delivered, and the subgroup
+            # goes on in a new stream (draft-22 section 11.3.2)
+            s.end_data_stream(sid)
+            sid = None
         if sid is None:
             default = sub.track.default_priority
             prio = None if obj.publisher_priority == default else obj.publisher_priority
@@ -605,8 +616,10 @@ class TrackServer:
         s.write_object(sid, obj.object_id, obj.payload, obj.status, obj.properties, end=end)
         self.objects_sent += 1
         self.bytes_sent += len(obj.payload)
+        sub.last_ids[key] = obj.object_id
         if end:
             sub.streams.pop(key, None)
+            sub.last_ids.pop(key, None)
         if obj.status == ObjectStatus.END_OF_TRACK:
             self._track_ended(sub)
 

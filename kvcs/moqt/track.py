@@ -27,6 +27,7 @@ from ..errors import KvcsError
 from .wire import (
     MAX_VI64,
     Location,
+    ObjectRecord,
     ObjectStatus,
     Properties,
     TrackNamespace,
@@ -43,22 +44,12 @@ class ImmutabilityError(KvcsError, ValueError):
 
 
 @dataclass(slots=True)
-class CachedObject:
-    """One object with the header fields a relay must keep."""
+class CachedObject(ObjectRecord):
+    """An object a track keeps: an :class:`ObjectRecord` (the header fields a relay must
+    keep, in its order) with a resolved priority and when it arrived."""
 
-    group_id: int
-    object_id: int
-    subgroup_id: int
     publisher_priority: int
-    status: int
-    properties: Properties
-    payload: bytes | memoryview
-    arrived: float = 0.0
-
-    @property
-    def location(self) -> Location:
-        """The object's Location."""
-        return Location(self.group_id, self.object_id)
+    arrived: float = field(default=0.0, kw_only=True)
 
     def same_as(self, other: CachedObject) -> bool:
         """True if ``other`` carries identical header fields and payload bytes."""

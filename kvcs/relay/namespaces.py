@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 
 from ..auth import render_namespace
-from ..binding import send_namespace_notices
+from ..binding import answer_namespace_update, send_namespace_notices
 from ..moqt import events as ev
+from ..moqt.errors import SessionUsageError
 from ..moqt.origin import NamespaceNotice, Origin
 from ..moqt.track import Track
-from ..moqt.wire import TrackNamespace, namespace_has_prefix
+from ..moqt.wire import Parameters, TrackNamespace, namespace_has_prefix
 from .session import RelaySession
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class Namespaces:
         """Namespaces the relay publishes itself: completed publications whose publishers
         left."""
         self._upstream_watches: dict[TrackNamespace, int] = {}  # prefix -> upstream rid
+        # an upstream REQUEST_UPDATE id -> the downstream update it answers (sync)
+        self._syncs: dict[int, tuple[RelaySession, ev.UpdateReceived]] = {}
 
     # ------------------------------------------------------------------ routing
 
@@ -156,6 +159,45 @@ class Namespaces:
             prefix, up.request_params())
         up.schedule_flush()
 
+    def sync(self, session: RelaySession, e: ev.UpdateReceived) -> bool:
+        """Answer a REQUEST_UPDATE of ``session``'s peer on one of its watches (False if
+        the request is no watch). One that changes nothing asks whether the watcher has
+        every namespace the relay can know (:meth:`NamespaceWatch.sync
+        <kvcs.endpoint.NamespaceWatch.sync>`): answered at once, or, when the prefix is
+        watched upstream, once the upstream relay answered the same question, so that
+        its NAMESPACEs come first."""
+        prefix = self.origin.watches(session).get(e.request_id)
+        if prefix is None:
+            return False
+        up = self.upstream
+        up_rid = self._upstream_watches.get(prefix)
+        if e.params.track_namespace_prefix is None and up is not None and \
+                not up.is_closed and up_rid is not None:
+            try:
+                uid = up.session.request_update(up_rid, Parameters())
+            except (SessionUsageError, KeyError, ValueError) as exc:
+                log.info("cannot ask the upstream relay to confirm %s: %s",
+                         render_namespace(prefix), exc)
+            else:
+                self._syncs[uid] = (session, e)
+                up.schedule_flush()
+                return True
+        answer_namespace_update(session.session, e)
+        session.schedule_flush()
+        return True
+
+    def _answer_syncs(self, upstream_update: int | None = None) -> None:
+        """Answer the downstream updates waiting for the upstream one (None: all)."""
+        uids = list(self._syncs) if upstream_update is None else [upstream_update]
+        for uid in uids:
+            waiting = self._syncs.pop(uid, None)
+            if waiting is None:
+                continue
+            session, e = waiting
+            if not session.is_closed and e.request_id in self.origin.watches(session):
+                answer_namespace_update(session.session, e)
+                session.schedule_flush()
+
     def unwatch(self, session: RelaySession, request_id: int) -> bool:
         """End the watch of request ``request_id``; False if it is none. The upstream
         SUBSCRIBE_NAMESPACE of its prefix ends with the last watcher of that prefix."""
@@ -187,6 +229,7 @@ class Namespaces:
         if session is self.upstream:
             self.upstream = None
             self._upstream_watches.clear()
+            self._answer_syncs()
             self._keep_held_publications()
 
     def _keep_held_publications(self) -> None:
@@ -206,7 +249,11 @@ class Namespaces:
             send_namespace_notices(self.origin.publish(e.namespace, up, request_id))
         elif isinstance(e, ev.NamespaceWithdrawn):
             send_namespace_notices(self._end(up, request_id, e.namespace))
+        elif isinstance(e, ev.RequestAccepted | ev.RequestRejected) and \
+                e.update_id is not None:
+            self._answer_syncs(e.update_id)  # refused: the downstream gets what is known
         elif isinstance(e, ev.RequestRejected | ev.RequestFailed):
+            self._answer_syncs()
             for prefix, rid in list(self._upstream_watches.items()):
                 if rid == request_id:
                     del self._upstream_watches[prefix]

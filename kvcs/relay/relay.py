@@ -32,13 +32,11 @@ from ..moqt import events as ev
 from ..moqt.config import SessionConfig, state_bound
 from ..moqt.errors import RequestErrorCode, SessionCode
 from ..moqt.origin import Origin
-from ..moqt.track import FullTrackName, Track
+from ..moqt.track import Track
 from ..moqt.wire import (
     AuthToken,
     Fetch,
-    PublishNamespace,
     Subscribe,
-    SubscribeNamespace,
     TrackNamespace,
     TrackStatus,
 )
@@ -49,7 +47,9 @@ from .links import Link, Links
 from .linkstats import LinkStats
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
-from .session import RELAYED_REQUESTS, ROUTED_DOWN, RelaySession, request_kind
+from .requests import RelayedRequests, RelayedState
+from .routing import RelayRouter
+from .session import RelaySession, request_kind
 from .store import Store
 from .tier import DiskTier
 
@@ -98,6 +98,10 @@ class Relay:
         self.sessions: dict[int, RelaySession] = {}
         self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
+        self.requests = RelayedRequests()
+        """Every relayed request, one record each (:mod:`kvcs.relay.requests`)."""
+        self.router = RelayRouter(self)
+        """Routes every session's requests (:mod:`kvcs.relay.routing`)."""
         self.link_stats = LinkStats(self)
         self.announcer = Announcer(self)
         self.upstream_url: str | None = None
@@ -369,20 +373,18 @@ class Relay:
         self.link_stats.session_closed(peer)
         self.sessions.pop(peer.id, None)
         # requests it made
-        for waited in list(peer.waiting.values()):
-            waited.waiting = [(p, r) for p, r in waited.waiting if p is not peer]
-        peer.waiting.clear()
-        for rid, served in list(peer.served.items()):
-            if served is not None:
-                served.downstream.pop((peer.id, rid), None)
-                self.links.maybe_idle(served)
-        peer.served.clear()
+        for r in self.requests.of_peer(peer):
+            link, served = r.link, r.state is RelayedState.SERVED
+            self.requests.end(r)
+            if link is not None and served:
+                self.links.maybe_idle(link)
         was_upstream = peer is self.upstream
         # its watches and the namespaces it published (or announced, as the upstream)
         self.namespaces.session_closed(peer)
         # TRACK_STATUS requests forwarded to it: answer them downstream now
-        for fwd in list(peer.status_forwarded):
-            self.on_status_answer(peer, fwd, None)
+        for r in self.requests.forwarded_to(peer):
+            assert r.upstream_id is not None
+            self.on_status_answer(peer, r.upstream_id, None)
         # links it fed
         self.links.source_closed(peer)
         self.announcer.sync()
@@ -417,131 +419,36 @@ class Relay:
     def _ok(self, kind: str, peer: RelaySession, rid: int) -> None:
         self.metrics.request_answered((peer.id, rid), kind, "ok")
 
-    def on_request(self, peer: RelaySession, e: ev.RequestReceived) -> None:
-        """Authorize a request of ``peer``'s peer, check the limits, then route it."""
-        m = e.message
-        kind = request_kind(m)
-        rid = e.request_id
-        self.metrics.request_started((peer.id, rid))
-        if kind not in RELAYED_REQUESTS or (peer.upstream and kind not in ROUTED_DOWN):
-            self.reject(peer, rid, kind, RequestErrorCode.NOT_SUPPORTED,
-                        "not supported by this relay")
-            return
-        if self.going_away:
-            self.reject(peer, rid, kind, RequestErrorCode.GOING_AWAY, "relay shutting down")
-            return
-        if peer.upstream:
-            # the upstream relay asks for a track under a namespace we announced to it
-            # (kvcs.relay.announce): it authorized its own client; we chose to connect to it
-            assert isinstance(m, Subscribe | Fetch | TrackStatus)
-            if self.announcer.covers(tuple(m.namespace)):
-                self._route(peer, e, kind)
-            else:
-                self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                            "not announced upstream")
-            return
-        refusal = self.admission.check(peer.peer_setup, m, peer.open_requests(),
-                                       peer.open_fetches())
-        if refusal is not None:
-            if refusal.close_session:
-                self.close_session(peer, refusal.code, refusal.reason)
-            else:
-                self.reject(peer, rid, kind, refusal.code, refusal.reason, refusal.retry_ms)
-            return
-        if isinstance(m, PublishNamespace):
-            peer.session.request_ok(rid)
-            self._ok(kind, peer, rid)
-            self.namespaces.publish(peer, rid, tuple(m.namespace))
-            self.announcer.sync()
-            return
-        if isinstance(m, SubscribeNamespace):
-            peer.session.request_ok(rid)
-            self._ok(kind, peer, rid)
-            self.namespaces.watch(peer, rid, tuple(m.namespace_prefix))
-            return
-        self._route(peer, e, kind)
-
     def on_cancelled(self, peer: RelaySession, rid: int) -> None:
         """``peer``'s peer cancelled request ``rid`` (one the TrackServer did not serve)."""
         self.metrics.request_forgotten((peer.id, rid))
         if self.tier is not None and self.tier.cancelled(peer, rid):
             return
-        link = peer.waiting.pop(rid, None)
-        if link is not None:
-            link.waiting = [(p, r) for p, r in link.waiting
-                            if not (p is peer and r.request_id == rid)]
-            peer.fetches.discard(rid)
-            self.links.maybe_idle(link)
+        r = self.requests.get(peer, rid)
+        if r is not None:
+            self.requests.end(r)
+            if r.link is not None and r.state is RelayedState.WAITING:
+                self.links.maybe_idle(r.link)
+            source = r.source
+            if source is not None and r.upstream_id is not None and not source.is_closed:
+                source.session.cancel(r.upstream_id)  # the TRACK_STATUS forwarded for it
+                source.schedule_flush()
             return
         if self.namespaces.withdraw(peer, rid):
             self.announcer.sync()
             return
         if self.namespaces.unwatch(peer, rid):
             self.announcer.sync()
-            return
-        peer.served.pop(rid, None)
-        for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
-            for fwd, asker in list(source.status_forwarded.items()):
-                if asker == (peer, rid):
-                    del source.status_forwarded[fwd]
-                    if not source.is_closed:
-                        source.session.cancel(fwd)
-                        source.schedule_flush()
 
     # ------------------------------------------------------------------ routing
 
-    def _route(self, peer: RelaySession, e: ev.RequestReceived, kind: str) -> None:
-        m = e.message
-        assert isinstance(m, Subscribe | Fetch | TrackStatus)
-        key: FullTrackName = (tuple(m.namespace), bytes(m.name))
-        rid = e.request_id
-        track = self.origin.get(key)
-        link = self.links.get(key)
-        if track is not None and track.complete:
-            self.metrics.inc("kvcs_relay_cache_hits_total")
-            self.serve(peer, e, track, None)
-            return
-        if link is not None and peer.upstream and link.source.upstream:
-            # the upstream asks for what we are asking it: a loop (a namespace we announced
-            # and it routes back to us); refusing ends both requests
-            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                        "not held here (asked upstream)")
-            return
-        if link is not None:
-            if link.established:
-                self.metrics.inc("kvcs_relay_cache_hits_total")
-                self.serve(peer, e, link.track, link)
-            else:
-                self._wait(peer, e, link)
-            return
-        if track is None and self.tier is not None and self.tier.route(peer, e, key):
-            return  # the store holds it: routed again once loaded
-        source = self.namespaces.source(key[0])
-        if source is not None and source.upstream and peer.upstream:
-            source = None  # never back up where the request came from (no loops)
-        if source is None:
-            self.reject(peer, rid, kind, RequestErrorCode.DOES_NOT_EXIST,
-                        "no publisher for this namespace")
-            return
-        if isinstance(m, TrackStatus):
-            fwd = source.session.track_status(key[0], key[1], source.request_params())
-            source.status_forwarded[fwd] = (peer, rid)
-            peer.served[rid] = None
-            source.schedule_flush()
-            return
-        self.metrics.inc("kvcs_relay_cache_misses_total")
-        link = self.links.open(key, source, track)
-        self._wait(peer, e, link)
-
     def route_again(self, peer: RelaySession, e: ev.RequestReceived) -> None:
         """Route request ``e`` of ``peer`` again (it waited for the disk tier)."""
-        self._route(peer, e, request_kind(e.message))
+        self.router.route_track(peer, e)
 
-    def _wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
-        link.waiting.append((peer, e))
-        peer.waiting[e.request_id] = link
-        if isinstance(e.message, Fetch):
-            peer.fetches.add(e.request_id)
+    def wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
+        """Request ``e`` of ``peer`` waits until ``link`` is established (or fails)."""
+        self.requests.wait(peer, e, link)
 
     def serve(self, peer: RelaySession, e: ev.RequestReceived, track: Track,
               link: Link | None) -> None:
@@ -552,15 +459,14 @@ class Relay:
         kind = request_kind(m)
         track.touch()
         if isinstance(m, TrackStatus):
+            waited = self.requests.get(peer, rid)
+            if waited is not None:
+                self.requests.end(waited)
             peer.server.serve(rid, m, track)
             self._ok(kind, peer, rid)
             peer.schedule_flush()
             return
-        peer.served[rid] = link
-        if link is not None:
-            link.downstream[(peer.id, rid)] = peer
-        if isinstance(m, Fetch):
-            peer.fetches.add(rid)
+        self.requests.serve(peer, e, link)
         if peer.server.serve(rid, m, track):
             self._ok(kind, peer, rid)
         else:
@@ -572,16 +478,20 @@ class Relay:
     def on_served_done(self, peer: RelaySession, rid: int) -> None:
         """A subscription or fetch served to ``peer`` ended (done, cancelled, failed)."""
         peer.schedule_flush()  # PUBLISH_DONE / FIN / reset to send
-        link = peer.served.pop(rid, None)
-        peer.fetches.discard(rid)
+        r = self.requests.get(peer, rid)
+        if r is None:
+            return
+        link = r.link
+        self.requests.end(r)
         if link is not None:
-            link.downstream.pop((peer.id, rid), None)
             self.links.maybe_idle(link)
 
     def on_status_answer(self, source: RelaySession, rid: int, e: ev.Event | None) -> None:
         """The answer to a forwarded TRACK_STATUS (None: ``source`` went away)."""
-        peer, drid = source.status_forwarded.pop(rid)
-        peer.served.pop(drid, None)
+        r = self.requests.answered_by(source, rid)
+        assert r is not None
+        self.requests.end(r)
+        peer, drid = r.peer, r.request_id
         if peer.is_closed:
             return
         if isinstance(e, ev.RequestAccepted):
@@ -612,7 +522,8 @@ class _Retention:
 
     def pinned(self, track: Track) -> bool:
         link = self.relay.links.feeding(track)
-        return link is not None and bool(link.downstream)
+        return link is not None and bool(
+            self.relay.requests.on_link(link, RelayedState.SERVED))
 
     def fed(self, track: Track) -> bool:
         return self.relay.links.feeding(track) is not None

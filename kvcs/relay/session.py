@@ -16,32 +16,19 @@ from ..binding import BoundSession
 from ..moqt import events as ev
 from ..moqt.errors import StreamResetCode
 from ..moqt.serving import CURSOR_COST
-from ..moqt.wire import (
-    AuthToken,
-    Fetch,
-    Parameters,
-    PublishNamespace,
-    Subscribe,
-    SubscribeNamespace,
-    TrackStatus,
-)
+from ..moqt.wire import AuthToken, Parameters
+from ..routing import ROUTED_REQUESTS, request_kind
 from ..transport import MoqtConnection
 
+__all__ = ["RELAYED_REQUESTS", "ROUTED_DOWN", "RelaySession", "request_kind"]
+
 if TYPE_CHECKING:
-    from .links import Link
     from .relay import Relay
 
-_KINDS = {Subscribe: "subscribe", Fetch: "fetch", TrackStatus: "track_status",
-          PublishNamespace: "publish_namespace", SubscribeNamespace: "subscribe_namespace"}
-RELAYED_REQUESTS = frozenset(_KINDS.values())
-"""The request kinds the relay handles (metrics label ``type``)."""
+RELAYED_REQUESTS = ROUTED_REQUESTS
+"""The request kinds the relay handles (metrics label ``type``: :func:`request_kind`)."""
 ROUTED_DOWN = frozenset(("subscribe", "fetch", "track_status"))
 """The request kinds the upstream relay may make of us (kvcs.relay.announce)."""
-
-
-def request_kind(message: object) -> str:
-    """The metrics label of a request message (``subscribe``, ``fetch``, ...)."""
-    return _KINDS.get(type(message), type(message).__name__.lower())
 
 
 class RelaySession(BoundSession):
@@ -64,13 +51,9 @@ class RelaySession(BoundSession):
         self.bytes_in = 0
         """Objects (payload bytes) received on the relay's subscriptions to this peer
         (:mod:`kvcs.relay.linkstats`)."""
-        # requests the peer made of the relay
-        self.waiting: dict[int, Link] = {}  # request -> the upstream subscription it awaits
-        self.served: dict[int, Link | None] = {}  # request -> its link (None: cache/forward)
-        self.fetches: set[int] = set()
-        # requests the relay made on this session
-        self.feeds: dict[int, Link] = {}  # SUBSCRIBE -> the link it feeds
-        self.status_forwarded: dict[int, tuple[RelaySession, int]] = {}  # -> (asker, its rid)
+        # the requests the peer made of the relay are records of relay.requests; those the
+        # relay made on this session are its links (relay.links) and forwarded TRACK_STATUS
+        # (relay.requests)
 
     def request_params(self) -> Parameters:
         """Parameters for a request the relay makes on this session (its tokens)."""
@@ -90,12 +73,12 @@ class RelaySession(BoundSession):
 
     def open_requests(self) -> int:
         """Requests this session's peer has open with the relay."""
-        return (len(self.waiting) + len(self.served)
+        return (self.relay.requests.open_requests(self)
                 + self.relay.namespaces.open_requests(self))
 
     def open_fetches(self) -> int:
         """Fetches of this session's peer being served or waiting."""
-        return len(self.fetches)
+        return self.relay.requests.open_fetches(self)
 
     def abort_served(self, request_id: int, status: int, reason: str,
                      reset_code: int = StreamResetCode.INTERNAL_ERROR) -> None:
@@ -108,26 +91,28 @@ class RelaySession(BoundSession):
     # ------------------------------------------------------------ BoundSession
 
     def handle_request(self, e: ev.RequestReceived) -> None:
-        self.relay.on_request(self, e)
+        self.relay.router.route(self, e)
 
     def handle_event(self, e: ev.Event) -> None:
         relay = self.relay
         if isinstance(e, ev.ObjectReceived):
-            link = self.feeds.get(e.request_id)
+            link = relay.links.fed(self, e.request_id)
             if link is not None:
                 relay.links.on_object(link, e)
             return
         rid = getattr(e, "request_id", None)
         if rid is None:
             return
-        link = self.feeds.get(rid)
+        link = relay.links.fed(self, rid)
         if link is not None:
             relay.links.on_event(link, e)
-        elif rid in self.status_forwarded:
+        elif relay.requests.answered_by(self, rid) is not None:
             relay.on_status_answer(self, rid, e)
         elif self.upstream and (relay.namespaces.on_upstream_event(rid, e)
                                 or relay.announcer.on_event(rid, e)):
             return
+        elif isinstance(e, ev.UpdateReceived):
+            relay.namespaces.sync(self, e)  # of a namespace watch (the server took the rest)
         elif isinstance(e, ev.RequestCancelled):
             relay.on_cancelled(self, rid)
 

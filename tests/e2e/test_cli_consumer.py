@@ -14,13 +14,12 @@ from kvcs.auth import Authorizer
 from kvcs.kv.ids import block_keys, scope_id
 from kvcs.kv.store import BlockStore
 from kvcs.kvnet.kvsp_http import KvspServer
-from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
+from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.testing import LocalNet
 
 from .cli_run import cli_inputs, load_kv_layers, run_kvcs
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
-
-EXTRA = np.arange(3 * BLOCK, dtype=np.int64) + 90_000
+from .test_segments import EXTRA, two_segments
 
 
 async def test_fetch_joins_segments_and_follows_the_codec_preference(
@@ -28,15 +27,7 @@ async def test_fetch_joins_segments_and_follows_the_codec_preference(
     relay = await net.relay()
     f = cli_inputs(tmp_path)
     np.save(tmp_path / "full.npy", np.concatenate([PROMPT, EXTRA]))
-    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
-                      PublisherOptions(joint_codec="q8"))
-    seg0, seg1 = cache(90), cache(91, len(EXTRA))
-    for i, (k, v) in enumerate(seg0):
-        await pub.put_layer(i, k, v)
-    pub.add_segment(EXTRA)
-    for i, (k, v) in enumerate(seg1):
-        await pub.put_layer(i, k, v, segment=1)
-    await pub.finish()
+    seg0, seg1 = await two_segments(net, relay, 90, PublisherOptions(joint_codec="q8"))
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
               str(net.cert.certfile), "--descriptor", f["desc"], "--scope-key", f["scope"],
               "--loopback", "--tokens", str(tmp_path / "full.npy")]

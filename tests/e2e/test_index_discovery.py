@@ -65,7 +65,7 @@ async def test_longer_publication_found_only_through_the_index(
         net: LocalNet, index: KvspServer) -> None:
     relay = await net.relay()
     data = await _publish_registered(net, relay, index, 80)
-    probing = KvConsumer(await net.client(relay), SCOPE, DESC, SHORT)
+    probing = KvConsumer(await net.client(relay), SCOPE, DESC, SHORT, discovery="prefix")
     assert await probing.discover() is None  # its Anchor Key is not one of the prompt's
     assert _subscribe_namespace_count(relay) == 10  # probing: ten prefixes revealed
     async with _client(net, index, "reader") as idx:

@@ -27,9 +27,9 @@ from kvcs.moqt.wire import IMMUTABLE_PROPERTIES, Location, ObjectRecord
 from kvcs.relay import Relay
 from kvcs.testing import LocalNet
 
-from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache
 from .retrieval import layers_until_recompute
-from .test_tampering import RewritingRelay
+from .test_tampering import RewritingRelay, check_layers, publish_cache
 
 SCOPE_FILE = ScopeFile.new(SCOPE).rotated()  # content keys 1 and 2; 2 is current
 K_TRACK, V_TRACK = b"k.raw.s0", b"v.raw.s0"
@@ -129,19 +129,9 @@ def _sent(pub: KvPublisher, name: bytes, group: int, block: int) -> CachedObject
 
 async def _publish(net: LocalNet, relay: Relay, seed: int,
                    opts: PublisherOptions | None = None) -> tuple[KvPublisher, list]:
-    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
-                      opts or PublisherOptions(secure=SCOPE_FILE.secure_objects()))
-    data = cache(seed)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
-    return pub, data
-
-
-def _check(layers: list, data: list) -> None:
-    for layer in layers:
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
+    """:func:`publish_cache`, protected with the scope file's content keys by default."""
+    return await publish_cache(net, relay, seed,
+                               opts or PublisherOptions(secure=SCOPE_FILE.secure_objects()))
 
 
 @pytest.mark.parametrize("mode", sorted(TAMPERING))
@@ -155,7 +145,7 @@ async def test_tampered_object_recovered_from_another_relay(net: LocalNet, mode:
                           recompute_budget_s=5)
     got = [x async for x in consumer.layers(await _found(consumer))]
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.rejected == 2 and consumer.stats.retries >= 1
     assert consumer.stats.held == (2 if mode == "unknown key id" else 0)
 
@@ -176,7 +166,7 @@ async def test_tampered_objects_without_another_source_are_reported(net: LocalNe
                           secure=SCOPE_FILE.secure_objects(), recompute_budget_s=1)
     got, short = await layers_until_recompute(consumer.layers(await _found(consumer)))
     assert [x.index for x in got] == [0, 1, 2]  # nothing wrong, nothing out of order
-    _check(got, data)
+    check_layers(got, data)
     assert short.missing == {3: [5, 9], 4: [0]}
     assert short.yielded == 3
 
@@ -199,7 +189,7 @@ async def test_recovered_from_a_deterministic_alternate_publication(net: LocalNe
     others = [p for p in pubs if p is not target]
     got = [x async for x in consumer.layers(target, alternates=others)]
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     # rejected by the first retrieval and by the retry of the same publication, then taken
     # from the alternate
     assert consumer.stats.rejected == 4 and consumer.stats.retries == 2
@@ -284,7 +274,7 @@ async def test_tampered_manifest_version_discarded_while_following(
     got = [x async for x in consumer.layers(found)]
     await producing
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.rejected == 0
     assert consumer.stats.manifest_versions >= 3  # discovery's, the fill's, newer ones
     assert any("discarding manifest version" in r.getMessage() for r in caplog.records)

@@ -10,7 +10,7 @@ import pytest
 
 from kvcs.kv.errors import ManifestError
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
-from kvcs.kvnet.publisher import KvPublisher
+from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
@@ -20,8 +20,11 @@ EXTRA = np.arange(3 * BLOCK, dtype=np.int64) + 90_000  # segment 1: three blocks
 OTHER = EXTRA + 1  # another prompt's appended tokens
 
 
-async def _two_segments(net: LocalNet, relay: object, seed: int = 40) -> tuple[list, list]:
-    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)  # type: ignore[arg-type]
+async def two_segments(net: LocalNet, relay: object, seed: int = 40,
+                       opts: PublisherOptions | None = None) -> tuple[list, list]:
+    """Publish segment 0 (PROMPT) and segment 1 (EXTRA) of seeded caches; their layers."""
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,  # type: ignore[arg-type]
+                      opts)
     seg0, seg1 = cache(seed), cache(seed + 1, len(EXTRA))
     for i, (k, v) in enumerate(seg0):
         await pub.put_layer(i, k, v)
@@ -42,7 +45,7 @@ async def test_another_prompts_segment_is_never_received(net: LocalNet) -> None:
     """A consumer whose appended tokens differ gets segment 0 only: segment 1's Block Keys
     are another prompt's (before: it received segment 1 unchecked)."""
     relay = await net.relay()
-    seg0, _ = await _two_segments(net, relay)
+    seg0, _ = await two_segments(net, relay)
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, np.concatenate([PROMPT, OTHER]))
     found = await consumer.discover()
     assert found is not None and found.prefix_blocks == BLOCKS
@@ -60,7 +63,7 @@ async def test_another_prompts_segment_is_never_received(net: LocalNet) -> None:
 
 async def test_prefix_layers_join_every_covering_segment(net: LocalNet) -> None:
     relay = await net.relay()
-    seg0, seg1 = await _two_segments(net, relay, 42)
+    seg0, seg1 = await two_segments(net, relay, 42)
     full = np.concatenate([PROMPT, EXTRA, [5, 6]])  # and a partial block
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, full)
     found = await consumer.discover()
@@ -89,7 +92,7 @@ async def test_missing_blocks_named_within_the_prefix(net: LocalNet, into: bool)
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.drop = {(b"k.raw.s1", 3, 1), (b"v.raw.s0", 4, 2)}  # type: ignore[misc]
-    seg0, seg1 = await _two_segments(net, clean, 44)
+    seg0, seg1 = await two_segments(net, clean, 44)
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, np.concatenate([PROMPT, EXTRA]),
                           recompute_budget_s=1)
     found = await consumer.discover()
@@ -159,7 +162,7 @@ async def test_layers_assembled_into_the_callers_arrays(net: LocalNet) -> None:
     """``into``: each segment is written straight into its rows of the caller's arrays; the
     yielded layers are views of them (no join), the rows beyond the prefix untouched."""
     relay = await net.relay()
-    seg0, seg1 = await _two_segments(net, relay, 48)
+    seg0, seg1 = await two_segments(net, relay, 48)
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, np.concatenate([PROMPT, EXTRA]))
     found = await consumer.discover()
     assert found is not None
@@ -194,7 +197,7 @@ async def test_layers_assembled_into_the_callers_arrays(net: LocalNet) -> None:
 async def test_arrays_that_do_not_fit_are_refused_before_any_request(
         net: LocalNet, into: object, match: str) -> None:
     relay = await net.relay()
-    await _two_segments(net, relay, 50)
+    await two_segments(net, relay, 50)
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
     found = await consumer.discover()
     assert found is not None

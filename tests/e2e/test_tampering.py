@@ -69,8 +69,9 @@ class TamperingRelay(RewritingRelay):
         return True
 
 
-async def _publish(net: LocalNet, relay: Relay, seed: int,
-                   opts: PublisherOptions | None = None) -> tuple[KvPublisher, list]:
+async def publish_cache(net: LocalNet, relay: Relay, seed: int,
+                        opts: PublisherOptions | None = None) -> tuple[KvPublisher, list]:
+    """Publish the seeded test cache through ``relay``; the publisher and the layers."""
     pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT, opts)
     data = cache(seed)
     for i, (k, v) in enumerate(data):
@@ -79,7 +80,8 @@ async def _publish(net: LocalNet, relay: Relay, seed: int,
     return pub, data
 
 
-def _check(layers: list, data: list) -> None:
+def check_layers(layers: list, data: list) -> None:
+    """Every retrieved layer equals the published one."""
     for layer in layers:
         k, v = data[layer.index]
         assert same(layer.k, k) and same(layer.v, v)
@@ -92,14 +94,14 @@ async def test_bad_objects_recovered_from_another_relay(net: LocalNet, mode: str
     evil = await net.relay(TamperingRelay, upstream=clean)
     bad = {(b"k.raw.s0", 2, 3), (b"v.raw.s0", 4, 0)}
     evil.flip, evil.drop = (bad, set()) if mode == "flip" else (set(), bad)  # type: ignore
-    _, data = await _publish(net, clean, 11)
+    _, data = await publish_cache(net, clean, 11)
     consumer = KvConsumer([await net.client(evil), await net.client(clean)], SCOPE, DESC,
                           PROMPT, recompute_budget_s=5)
     found = await consumer.discover()
     assert found is not None
     got = [x async for x in consumer.layers(found)]
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.retries >= 1
     if mode == "flip":
         assert consumer.stats.rejected == 2
@@ -110,7 +112,7 @@ async def test_unrecoverable_objects_reported_for_recompute(net: LocalNet) -> No
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.flip = {(b"k.raw.s0", 3, 5)}  # type: ignore[misc]
     evil.drop = {(b"v.raw.s0", 3, 9)}  # type: ignore[misc]
-    _, data = await _publish(net, clean, 12)
+    _, data = await publish_cache(net, clean, 12)
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, recompute_budget_s=2)
     found = await consumer.discover()
     assert found is not None
@@ -119,7 +121,7 @@ async def test_unrecoverable_objects_reported_for_recompute(net: LocalNet) -> No
         async for layer in consumer.layers(found):
             got.append(layer)
     assert [x.index for x in got] == [0, 1, 2]  # nothing wrong, nothing out of order
-    _check(got, data)
+    check_layers(got, data)
     assert info.value.missing[3] == [5, 9]
     assert info.value.yielded == 3
 
@@ -132,9 +134,9 @@ async def test_swapped_publication_detected_by_signed_digests(net: LocalNet,
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     opts = PublisherOptions(producer_key=key)
-    _, data_a = await _publish(net, clean, 13, opts)
+    _, data_a = await publish_cache(net, clean, 13, opts)
     # a second, independent publication of the same prefix (different bits)
-    pub_b, _ = await _publish(net, clean, 14, opts)
+    pub_b, _ = await publish_cache(net, clean, 14, opts)
     swapped = {}
     track_b = pub_b.endpoint.tracks[(pub_b.fields, b"k.raw.s0")]
     for g in (1, 4):
@@ -147,7 +149,7 @@ async def test_swapped_publication_detected_by_signed_digests(net: LocalNet,
     assert len(pubs) == 2
     target = next(p for p in pubs if p.namespace.publication_id != pub_b.publication_id)
     got = [x async for x in consumer.layers(target)]
-    _check(got, data_a)  # objects of the other publication never made it into a tensor
+    check_layers(got, data_a)  # objects of the other publication never made it into a tensor
     assert consumer.stats.rejected >= 2 and consumer.stats.retries >= 1
 
 
@@ -171,10 +173,10 @@ async def test_manifest_with_another_compat_id_is_discarded(net: LocalNet) -> No
     with pytest.raises(ManifestError):
         await consumer.manifest(pubs[0])
     # an honest publication of the same prefix is then found and used
-    _, data = await _publish(net, relay, 16)
+    _, data = await publish_cache(net, relay, 16)
     found = await consumer.discover()
     assert found is not None and found.prefix_blocks == BLOCKS
-    _check([x async for x in consumer.layers(found, range(0, 2))], data)
+    check_layers([x async for x in consumer.layers(found, range(0, 2))], data)
     assert np.array_equal(found.namespace.compat_id, DESC.compat_id)
 
 
@@ -210,5 +212,5 @@ async def test_live_signed_layers_confirmed_by_later_manifest_versions(net: Loca
     got = [x async for x in consumer.layers(found)]
     await task
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.rejected == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -39,6 +40,18 @@ class Env(LocalNet):
     async def relay(self, authorizer: Authorizer | None = None,  # type: ignore[override]
                     **kw: Any) -> Relay:
         return await super().relay(authorizer=authorizer, goaway_grace=0.2, **kw)
+
+    async def live_track(self, relay: Relay, ns: tuple[bytes, ...], name: bytes
+                         ) -> tuple[Endpoint, Any, Endpoint, Any, asyncio.Task[list[Any]]]:
+        """A publisher that announced ``ns`` and made track ``name`` through ``relay``, and
+        another client subscribed to it whole: (publisher, track, subscriber, subscription,
+        the task collecting the subscription for up to 8 s)."""
+        pub = await self.client(relay)
+        await pub.announce(ns)
+        track = pub.create_track(ns, name)
+        client = await self.client(relay)
+        sub = await client.subscribe(ns, name, location_filter=NEXT, fill=WHOLE)
+        return pub, track, client, sub, asyncio.create_task(sub.collect(timeout=8))
 
 
 @pytest.fixture

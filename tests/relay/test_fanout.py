@@ -54,12 +54,7 @@ async def test_fanout_one_publisher_eight_subscribers(env: Env) -> None:
 
 async def test_late_joiner_after_publisher_left(env: Env) -> None:
     relay = await env.relay()
-    pub = await env.client(relay)
-    await pub.announce(NS)
-    track = pub.create_track(NS, b"v.raw.s0")
-    first = await env.client(relay)
-    sub = await first.subscribe(NS, b"v.raw.s0", location_filter=NEXT, fill=WHOLE)
-    task = asyncio.create_task(sub.collect(timeout=8))
+    pub, track, _, _, task = await env.live_track(relay, NS, b"v.raw.s0")
     for g in range(4):
         publish_group(pub, track, g, 8)
     end_track(pub, track, 4)

@@ -13,7 +13,7 @@ from kvcs.relay.links import exact_payload
 from kvcs.testing import until
 from kvcs.transport.testing import raw_stream_id, raw_write
 
-from .conftest import NEXT, WHOLE, Env, SilentEndpoint, end_track, payload, publish_group
+from .conftest import NEXT, Env, SilentEndpoint, end_track, payload, publish_group
 
 NS = (b"kvcs-1", b"\xaa" * 16)
 
@@ -108,12 +108,7 @@ async def test_too_many_fetches_is_excessive_load(env: Env) -> None:
 
 async def test_malformed_bytes_close_only_that_session(env: Env) -> None:
     relay = await env.relay()
-    pub = await env.client(relay)
-    await pub.announce(NS)
-    track = pub.create_track(NS, b"t")
-    good = await env.client(relay)
-    sub = await good.subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
-    task = asyncio.create_task(sub.collect(timeout=8))
+    pub, track, good, _, task = await env.live_track(relay, NS, b"t")
     bad = await env.client(relay)
     sid = raw_stream_id(bad.conn, unidirectional=False)
     # SUBSCRIBE type with a length that runs past garbage, then FIN
@@ -138,12 +133,7 @@ async def test_malformed_bytes_close_only_that_session(env: Env) -> None:
 
 async def test_immutability_violation_closes_the_publisher(env: Env) -> None:
     relay = await env.relay()
-    pub = await env.client(relay)
-    await pub.announce(NS)
-    track = pub.create_track(NS, b"t")
-    c = await env.client(relay)
-    sub = await c.subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
-    task = asyncio.create_task(sub.collect(timeout=8))
+    pub, track, c, sub, task = await env.live_track(relay, NS, b"t")
     publish_group(pub, track, 0, 4, end_of_group=False)
     cached = relay.cache.get((NS, b"t"))
     await until(lambda: cached.get(Location(0, 3)) is not None)
@@ -181,11 +171,7 @@ def test_exact_payload_copies_views_that_pin_larger_buffers() -> None:
 async def test_cache_memory_is_bounded_by_its_payload_bytes(env: Env) -> None:
     """What the relay caches pins no more than 1/8 beyond the payload bytes it counts."""
     relay = await env.relay()
-    pub = await env.client(relay)
-    await pub.announce(NS)
-    track = pub.create_track(NS, b"t")
-    sub = await (await env.client(relay)).subscribe(NS, b"t", location_filter=NEXT, fill=WHOLE)
-    task = asyncio.create_task(sub.collect(timeout=8))
+    pub, track, _, _, task = await env.live_track(relay, NS, b"t")
     for g in range(4):
         for o in range(16):
             pub.publish(track, g, o, bytes([o]) * 32768)

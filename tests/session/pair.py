@@ -94,13 +94,14 @@ def established(client_cfg: SessionConfig | None = None,
     return p
 
 
-def subscribed(p: Pair, namespace: tuple[bytes, ...], name: bytes = b"t") -> tuple[int, int]:
-    """The client subscribes, the server accepts, both ends drain their events; returns
-    (request id, track alias)."""
+def subscribed(p: Pair, namespace: tuple[bytes, ...], name: bytes = b"t",
+               track_alias: int | None = None) -> tuple[int, int]:
+    """The client subscribes, the server accepts (with ``track_alias`` if given), both ends
+    drain their events; returns (request id, track alias)."""
     rid = p.client.subscribe(namespace, name)
     p.pump()
     p.events(p.server)
-    alias = p.server.subscribe_ok(rid)
+    alias = p.server.subscribe_ok(rid, track_alias=track_alias)
     p.pump()
     p.events(p.client)
     return rid, alias

@@ -327,12 +327,7 @@ def test_publish_done_counting_streams_never_seen_ends_when_the_binding_stops_wa
     session says how many are missing, keeps waiting, and ends the subscription when the
     binding's digest 4.11 timer calls stop_waiting_for_streams."""
     p = established()
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    p.server.subscribe_ok(rid, track_alias=9)
-    p.pump()
-    p.events(p.client)
+    rid, _ = subscribed(p, NS, track_alias=9)
     sid = p.client.subscription_info(rid).stream_id
     p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 2, "")), True)
     evs = list(p.client.events())
@@ -350,12 +345,7 @@ def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
     open (a large fill on a loaded host), stop_waiting_for_streams keeps the subscription
     and says so; it ends when the stream does."""
     p = established()
-    rid = p.client.subscribe(NS, b"t")
-    p.pump()
-    p.events(p.server)
-    p.server.subscribe_ok(rid, track_alias=9)
-    p.pump()
-    p.events(p.client)
+    rid, _ = subscribed(p, NS, track_alias=9)
     data = p.server.open_subgroup(rid, 0)
     p.server.write_object(data, 0, b"x" * 100)
     p.pump()

@@ -91,8 +91,8 @@ def _big_subgroup() -> tuple[bytes, list]:
         payload = bytes(rnd.getrandbits(8) for _ in range(min(n, 64))) * (n // 64 + 1)
         payload = payload[:n]
         props = ((0x78, i), (0x79, b"x" * i)) if i % 2 else ()
-        recs.append(ObjectRecord(3, 0, i * 2, None, 0, props, memoryview(payload)))
-    recs.append(ObjectRecord(3, 0, 40, None, 3, (), memoryview(b"")))
+        recs.append(ObjectRecord(3, i * 2, 0, None, 0, props, memoryview(payload)))
+    recs.append(ObjectRecord(3, 40, 0, None, 3, (), memoryview(b"")))
     return encode_subgroup(hdr, recs), [hdr, *recs]
 
 

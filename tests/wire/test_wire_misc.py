@@ -79,7 +79,7 @@ def test_writer_guards() -> None:
         fd.object_prefix(6, 0, 0, 1, 1)
     with pytest.raises(ValueError):
         f.end_of_range(0x8D, 1, 1)
-    rec = ObjectRecord(1, 0, 1, None, 3, (), memoryview(b""), True)
+    rec = ObjectRecord(1, 1, 0, None, 3, (), memoryview(b""), True)
     with pytest.raises(ValueError):
         encode_datagram(1, rec, end_of_group=True)
     with pytest.raises(ValueError):

@@ -162,7 +162,7 @@ def subgroup_streams(draw: st.DrawFn) -> tuple[wire.SubgroupHeader, list[wire.Ob
         status = draw(st.sampled_from([0, 0, 3, 4])) if i == len(steps) - 1 else 0
         payload = b"" if status else draw(st.binary(max_size=40))
         props = draw(properties(3)) if props_bit and not status else ()
-        recs.append(wire.ObjectRecord(hdr.group_id, sg, oid, prio, status, props,
+        recs.append(wire.ObjectRecord(hdr.group_id, oid, sg, prio, status, props,
                                       memoryview(payload)))
     return hdr, recs
 
@@ -228,8 +228,8 @@ def fetch_streams(draw: st.DrawFn) -> tuple[bool, list[wire.ObjectRecord | wire.
         items.append(
             wire.ObjectRecord(
                 g,
-                sg,
                 o,
+                sg,
                 draw(u8s),
                 0,
                 draw(properties(2)),
@@ -282,8 +282,8 @@ def datagrams(draw: st.DrawFn) -> tuple[int, wire.ObjectRecord, bool]:
     payload = b"" if status else draw(st.binary(max_size=30))
     rec = wire.ObjectRecord(
         draw(vi64s),
-        0,
         draw(st.one_of(st.just(0), vi64s)),
+        0,
         draw(st.one_of(st.none(), u8s)),
         status,
         props,

@@ -241,7 +241,7 @@ def test_unknown_datagram_vector() -> None:
 
 
 def _rec(g, sg, o, prio, payload, status=0, props=(), dg=False):  # type: ignore[no-untyped-def]
-    return wire.ObjectRecord(g, sg, o, prio, status, props, memoryview(payload), dg)
+    return wire.ObjectRecord(g, o, sg, prio, status, props, memoryview(payload), dg)
 
 
 def test_derived_subgroup_streams() -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import violation
 from .buffer import NeedMore, Reader
 from .properties import Properties, encode_kvps, read_kvps
-from .types import MAX_VI64, VALID_STATUSES
+from .types import MAX_VI64, VALID_STATUSES, Location
 from .vi64 import decode_vi64, encode_vi64
 
 __all__ = [
@@ -189,7 +189,9 @@ class FetchHeader:
 
 @dataclass(slots=True)
 class ObjectRecord:
-    """One object from a subgroup stream, fetch stream or datagram.
+    """One object from a subgroup stream, fetch stream or datagram: its header fields, in
+    the one order every object record of kvcs uses (a track's ``CachedObject`` and the
+    application's ``ReceivedObject`` are ObjectRecords with one field more).
 
     ``publisher_priority`` None = inherited default (subgroup DEFAULT_PRIORITY / datagram
     DEFAULT_PRIORITY). Fetch objects always have status 0. Datagram objects (and fetch
@@ -197,13 +199,18 @@ class ObjectRecord:
     """
 
     group_id: int
-    subgroup_id: int
     object_id: int
+    subgroup_id: int
     publisher_priority: int | None
     status: int
     properties: Properties
-    payload: memoryview
+    payload: bytes | memoryview
     datagram: bool = False
+
+    @property
+    def location(self) -> Location:
+        """The object's Location."""
+        return Location(self.group_id, self.object_id)
 
 
 @dataclass(slots=True, frozen=True)
@@ -471,4 +478,4 @@ def decode_datagram(
     else:
         status = 0
         payload = r.rest()
-    return alias, ObjectRecord(group, 0, oid, prio, status, props, payload, True), bool(t & 0x02)
+    return alias, ObjectRecord(group, oid, 0, prio, status, props, payload, True), bool(t & 0x02)

@@ -263,7 +263,7 @@ class DataStreamParser:
                 raise violation("object id overflows 2^64-1")
         self._o = oid
         hdr = self.header
-        rec = ObjectRecord(hdr.group_id, self._sg, oid, self._hdr_prio, status, props, _EMPTY)  # type: ignore[union-attr]
+        rec = ObjectRecord(hdr.group_id, oid, self._sg, self._hdr_prio, status, props, _EMPTY)  # type: ignore[union-attr]
         return p, rec, ln
 
     def _parse_fetch_obj(
@@ -357,7 +357,7 @@ class DataStreamParser:
             self._sub = sub
         self._prio = prio
         self._marker = False
-        return p, ObjectRecord(g, sub, o, prio, 0, props, _EMPTY, dgram), ln
+        return p, ObjectRecord(g, o, sub, prio, 0, props, _EMPTY, dgram), ln
 
     def _parse_struct(
         self, b: bytes | bytearray | memoryview, p: int

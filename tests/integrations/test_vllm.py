@@ -1,0 +1,160 @@
+"""vLLM (CPU build) with KvcsConnector: a producer process publishes prompts' KV caches
+into a relay on 127.0.0.1, a consumer process in another vLLM reuses them through a second,
+rewriting relay chained below it. One producer and one consumer LLM serve every scenario
+(each LLM start costs 25-50 s on 2 cores):
+
+* a hit generates exactly the greedy tokens of the consumer's own prefill (the same prompt
+  with another ``cache_salt``, which must not hit), and ``num_cached_tokens`` is the
+  published prefix;
+* a tampered object and a withheld layer each end in exactly those blocks reported for
+  recompute, and identical tokens;
+* a miss costs one lookup and no load.
+
+Skipped only when vLLM is not installed (``make test`` installs it: the Makefile's vllm stamp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'kvcs[vllm]'; make "
+                    "test installs it)")
+
+from e2e.test_tampering import RewritingRelay
+
+from kvcs.kv.scopefile import ScopeFile
+from kvcs.moqt.track import Track
+from kvcs.moqt.wire import ObjectRecord
+from kvcs.testing import LocalNet
+from kvcs.transport import DevCertificate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+import hf_model
+from vllm_run import Worker, read_events
+
+BLOCK = 128  # vLLM's CPU block size (one KVCS block)
+PUBLISHED_BLOCKS = 3
+TAMPERED = (2, 1)  # (layer, block) flipped in the second publication
+WITHHELD_LAYER = 4  # dropped from the third publication
+pytestmark = pytest.mark.timeout(1800)
+
+
+class EvilRelay(RewritingRelay):
+    """Flips one object of one publication and drops one layer of another (by
+    Publication ID, the namespace's last field)."""
+
+    tamper: bytes = b""
+    withhold: bytes = b""
+
+    def rewrite(self, track: Track, record: ObjectRecord) -> bool:
+        pub = bytes(track.namespace[-1]) if track.namespace else b""
+        if not track.name.startswith((b"k.", b"v.")):
+            return True
+        if pub == self.withhold and record.group_id == WITHHELD_LAYER:
+            return False
+        if (pub == self.tamper and track.name.startswith(b"k.")
+                and (record.group_id, record.object_id) == TAMPERED):
+            bad = bytearray(record.payload)
+            bad[-1] ^= 0x40
+            record.payload = memoryview(bytes(bad))
+        return True
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
+    model = hf_model.prepare()
+    scope = tmp / "scope.json"
+    scope.write_bytes(ScopeFile.new().to_json())
+    out: dict[str, Any] = {}
+    async with LocalNet(cert) as net:
+        origin = await net.relay()
+        evil = await net.relay(EvilRelay, upstream=origin)
+        assert isinstance(evil, EvilRelay)
+        common = ["--model", str(model), "--cafile", str(cert.certfile), "--scope-key",
+                  str(scope), "--dtype", "float32", "--recompute-budget-s", "6"]
+        producer = await Worker.start(
+            "producer", tmp, *common, "--role", "producer", "--events", str(tmp / "p.jsonl"),
+            "--relay", f"moqt://127.0.0.1:{origin.port}/")
+        consumer = await Worker.start(
+            "consumer", tmp, *common, "--role", "consumer", "--events", str(tmp / "c.jsonl"),
+            "--relay", f"moqt://127.0.0.1:{evil.port}/")
+        try:
+            await asyncio.gather(producer.ready(), consumer.ready())
+            prompts = [prompt(i, PUBLISHED_BLOCKS * BLOCK + 10) for i in range(3)]
+            for p in prompts:  # each returns once the relay holds the publication
+                await producer.generate(p, max_tokens=1)
+            published = [e for e in read_events(tmp / "p.jsonl") if e["event"] == "publish"]
+            out["published"] = published
+            evil.tamper = bytes.fromhex(published[1]["publication"])
+            evil.withhold = bytes.fromhex(published[2]["publication"])
+            for name, p in zip(("clean", "tampered", "withheld"), prompts, strict=True):
+                full = p + prompt(100, 30)
+                out[name + "_own"] = await consumer.generate(full, cache_salt="another-tenant")
+                out[name] = await consumer.generate(full)
+            out["miss"] = await consumer.generate(prompt(200, PUBLISHED_BLOCKS * BLOCK + 40))
+        finally:
+            await asyncio.gather(producer.close(), consumer.close())
+    out["events"] = read_events(tmp / "c.jsonl")
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(cert: DevCertificate, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return asyncio.run(scenarios(cert, tmp_path_factory.mktemp("vllm")))
+
+
+def _loads(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in run["events"] if e["event"] == "load"]
+
+
+def test_publications_handed_over(run: dict[str, Any]) -> None:
+    assert len(run["published"]) == 3
+    assert all(e.get("blocks") == PUBLISHED_BLOCKS for e in run["published"])
+
+
+def test_hit_identical_tokens_and_cached_tokens(run: dict[str, Any]) -> None:
+    assert run["clean"]["tokens"] == run["clean_own"]["tokens"]
+    assert run["clean"]["num_cached_tokens"] == PUBLISHED_BLOCKS * BLOCK
+    assert _loads(run)[0]["failed_blocks"] == []
+
+
+def test_other_cache_salt_gets_no_hit(run: dict[str, Any]) -> None:
+    for name in ("clean", "tampered", "withheld"):
+        assert run[name + "_own"]["num_cached_tokens"] == 0
+    salted = [e for e in run["events"] if e["event"] == "lookup" and e["salt"]]
+    assert len(salted) == 3 and all(e["blocks"] == 0 for e in salted)
+
+
+def test_tampered_object_recomputed(run: dict[str, Any]) -> None:
+    assert run["tampered"]["tokens"] == run["tampered_own"]["tokens"]
+    assert _loads(run)[1]["failed_blocks"] == [TAMPERED[1]]
+
+
+def test_withheld_layer_recomputed(run: dict[str, Any]) -> None:
+    assert run["withheld"]["tokens"] == run["withheld_own"]["tokens"]
+    assert _loads(run)[2]["failed_blocks"] == list(range(PUBLISHED_BLOCKS))
+
+
+def test_miss_costs_one_lookup_and_no_load(run: dict[str, Any]) -> None:
+    """Structural, not timed: every request makes one lookup in its scope's live index; only
+    the first one of a scope opens it (one round trip: the default scope's is opened at
+    start-up), so a miss makes no round trip and starts no load: nothing waits in the
+    forward pass."""
+    assert run["miss"]["num_cached_tokens"] == 0
+    lookups = [e for e in run["events"] if e["event"] == "lookup"]
+    assert len(lookups) == 7
+    assert [e["round_trips"] for e in lookups] == [1, 0, 0, 0, 0, 0, 0]  # salted one first
+    assert lookups[-1]["blocks"] == 0
+    assert len(_loads(run)) == 3  # the three hits only
