@@ -102,7 +102,7 @@ $(BENCH_STAMP): $(STAMP)
 	-$(PY) -m pip install --progress-bar on -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:

@@ -149,9 +149,12 @@ class Relay:
         docs/relay.md, Fairness and bounded memory): the session's MOQT state
         (:func:`~kvcs.moqt.config.state_bound` at the transport's stream limits), what
         waits to be sent to it (``max_session_backlog``, then TOO_FAR_BEHIND), a write
-        window for each FETCH it may have going, QUIC's flow-control windows each way
-        (``max_data``) and the send watermark. Fills add a write window each, and the
-        object being queued when a bound is reached comes on top."""
+        window for each fetch or fill stream it may have written at once
+        (``max_fetches_per_session``: more wait their turn, so 100 concurrent fills hold
+        what 16 do), QUIC's flow-control windows each way (``max_data``) and the send
+        watermark. The object being queued when a bound is reached comes on top. What a
+        session holds now, as accounted: :attr:`RelaySession.held_bytes
+        <kvcs.relay.session.RelaySession.held_bytes>`."""
         cfg, st = self.config, self.settings
         return (state_bound(SessionConfig(is_client=False), st.max_streams_bidi,
                             st.max_streams_uni)
@@ -519,8 +522,7 @@ class _Retention:
 
     def pinned(self, track: Track) -> bool:
         link = self.relay.links.feeding(track)
-        return link is not None and bool(
-            self.relay.requests.on_link(link, RelayedState.SERVED))
+        return link is not None and self.relay.requests.feeds_served(link)
 
     def fed(self, track: Track) -> bool:
         return self.relay.links.feeding(track) is not None

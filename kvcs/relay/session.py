@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..binding import BoundSession
 from ..moqt import events as ev
 from ..moqt.errors import StreamResetCode
+from ..moqt.serving import CURSOR_COST
 from ..moqt.wire import AuthToken, Parameters
 from ..routing import ROUTED_REQUESTS, request_kind
 from ..transport import MoqtConnection
@@ -36,7 +37,8 @@ class RelaySession(BoundSession):
     def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
                  upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
         super().__init__(conn, None if upstream else relay.admission.pacer,
-                         relay.config.max_session_backlog)
+                         relay.config.max_session_backlog,
+                         relay.config.max_fetches_per_session)
         self.relay = relay
         self.id = session_id
         self.upstream = upstream
@@ -56,6 +58,18 @@ class RelaySession(BoundSession):
     def request_params(self) -> Parameters:
         """Parameters for a request the relay makes on this session (its tokens)."""
         return Parameters(auth_tokens=self.request_tokens)
+
+    @property
+    def held_bytes(self) -> int:
+        """What this session makes the relay hold now, as accounted: the MOQT session's
+        buffers and request state (control, data and early bytes: parser buffers
+        included), the objects queued for the peer, and the fetch and fill cursors. At
+        most :attr:`Relay.session_memory_bound <kvcs.relay.Relay.session_memory_bound>`;
+        0 once the session has left."""
+        u = self.session.usage
+        running, waiting = self.server.cursors
+        return (u.control_bytes + u.data_bytes + u.early_bytes + self.conn.queued_bytes
+                + (running + waiting) * CURSOR_COST)
 
     def open_requests(self) -> int:
         """Requests this session's peer has open with the relay."""
