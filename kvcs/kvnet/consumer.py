@@ -58,7 +58,10 @@ Procedures (kvcs-draft "Consumer Procedures"):
 * bounded waits ("SHOULD bound recovery by recompute time"): the transfer gives up after
   ``recompute_budget_s`` without progress (an object or container verified and placed, a
   newer manifest version), measured from the start of the retrieval and restarted by each
-  progress; recovery then has ``recompute_budget_s`` from its own start. Reading a
+  progress as of its ARRIVAL (not when it was verified: objects may wait for their batch's
+  SHA-256 and for the event loop); recovery then has ``recompute_budget_s`` from when the
+  transfer's ran out, so the answer comes at most two budgets after the last byte that
+  made progress (:attr:`ConsumerStats.last_progress_at`). Reading a
   manifest, a namespace subscription and an index lookup are bounded by the same budget.
   What was verified is kept: :attr:`RecomputeRequired.partial`;
 * interrupted transfers: when a subscription or fetch loses its source (the session ends,
@@ -194,6 +197,10 @@ class KvConsumer:
         self.relay_profile = RelayProfile.resolve(relay_profile)
         """How data tracks are retrieved through the relay (:mod:`kvcs.kvnet.relay_profile`)."""
         self.compat_id = self.descriptor.compat_id
+        # the element type resolved now, not on the first object: its first use imports
+        # ml_dtypes (0.45 s on a quiet 2-core machine, 1.8-4 s measured loaded), which
+        # stalled the event loop in the middle of a transfer (issue #27)
+        self.descriptor.dtype  # noqa: B018
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
                                self.descriptor.block_tokens)
