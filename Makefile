@@ -86,14 +86,16 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
 
-# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency.
+# The bench extra (matplotlib, for bench-timeline.png) is the bench's own dependency; the
+# mooncake extra (Mooncake Store, compared by the mooncake suite) also needs Debian's libibverbs1.
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
+	-$(PY) -m pip install -q -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(VLLM_STAMP)
 	$(PY) -m bench $(BENCH)
 
 clean:

@@ -32,11 +32,14 @@ def main(argv: list[str]) -> int:
         bench_e2e,
         bench_hf,
         bench_kv,
+        bench_mooncake,
         bench_moqt,
         bench_relay,
         bench_secure,
         bench_transport,
         bench_tree,
+        bench_vllm,
+        bench_wan,
     )
 
     suites: dict[str, Any] = {
@@ -48,8 +51,11 @@ def main(argv: list[str]) -> int:
         "e2e": bench_e2e.main,
         "discovery": bench_discovery.main,
         "hf": bench_hf.main,
+        "vllm": bench_vllm.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
+        "wan": bench_wan.main,
+        "mooncake": bench_mooncake.main,
     }
     chosen = argv or list(suites)
     unknown = [x for x in chosen if x not in suites]

@@ -123,6 +123,15 @@ FIGURES: tuple[Figure, ...] = (
     Figure("first_layer_during_prefill_fraction", "hf",
            "layer 0 held by the decode worker / producer's prefill", "", 4,
            Target("<=", _per_layer(1.5), "1.5/L"), "L = {layers}"),
+    Figure("vllm_ttft_speedup", "vllm", "vLLM TTFT without connector / kvcs hit via relay",
+           "", 2, Target(">=", 3), "{prompt_tokens} tokens, {ttft_own_s:.2f} vs "
+                                   "{ttft_hit_s:.2f} s"),
+    Figure("vllm_miss_overhead", "vllm", "vLLM TTFT, kvcs connector on a miss / none", "", 3,
+           Target("<=", 1.05), "{ttft_miss_s:.2f} s"),
+    Figure("vllm_vs_example_connector", "vllm", "vLLM TTFT, kvcs hit / ExampleConnector hit",
+           "", 2, Target("<=", 1.5), "{ttft_example_s:.2f} s from local disk"),
+    Figure("vllm_producer_overhead", "vllm", "vLLM prefill with kvcs producer / without", "", 3,
+           Target("<=", 1.15), "{producer_prefill_s:.2f} s until the relay holds it"),
     Figure("q8_encode_mib_s", "kv", "q8 encode, slowest of block/layer x f16/bf16", "MiB/s",
            0, Target(">=", 2048)),
     Figure("q8_decode_mib_s", "kv", "q8 decode, slowest of block/layer x f16/bf16", "MiB/s",
@@ -152,6 +161,17 @@ FIGURES: tuple[Figure, ...] = (
     Figure("store_restart_s", "tree",
            "restarted relay, 128 MiB on disk, to first verified layer", "s", 2,
            detail="{store_restart_listening_s:.2f} s after listening"),
+    Figure("wan_ratio_vs_moqdev", "wan",
+           "KVCS live via relay over 80 ms RTT, 0.1% loss / moq-dev's relay", "", 2,
+           Target(">=", 1.5), "{wan_goodput[rtt80_loss0.001][kvcs_mib_s]:.1f} vs "
+                              "{wan_goodput[rtt80_loss0.001][moqdev_mib_s]:.1f} MiB/s; bytes "
+                              "identical under every profile: {wan_identical}"),
+    Figure("mooncake_ratio", "mooncake",
+           "KVCS completed pull from a relay / Mooncake Store TCP get, 32 KiB objects", "", 2,
+           Target(">=", 1.0), "{mooncake_32k[kvcs][mib_s]:.0f} vs "
+                              "{mooncake_32k[mooncake][mib_s]:.0f} MiB/s, "
+                              "{mooncake_cache_mib:.0f} MiB; 1 MiB objects "
+                              "{mooncake_ratio_1mib:.2f}"),
 )
 
 PENDING: tuple[Figure, ...] = (

@@ -68,7 +68,7 @@ class BoundSession:
     """
 
     def __init__(self, conn: MoqtConnection, pacer: RequestPacer | None = None,
-                 max_backlog: int | None = None) -> None:
+                 max_backlog: int | None = None, max_cursors: int = 0) -> None:
         assert conn.session is not None and isinstance(conn.session, Session)
         self.conn = conn
         self.session: Session = conn.session
@@ -78,11 +78,13 @@ class BoundSession:
         self.server = TrackServer(
             self.session, on_request_ended=self.served_request_ended,
             backlog=None if max_backlog is None else (lambda: conn.queued_bytes),
-            max_backlog=max_backlog or 0, wake=conn.flush_soon)
+            max_backlog=max_backlog or 0, wake=conn.flush_soon, max_cursors=max_cursors)
         """Serves tracks to the peer (its counters: ``objects_sent``, ``bytes_sent``); with
         ``max_backlog``, a live subscriber that lets more bytes than that queue up is
         ended with TOO_FAR_BEHIND (:attr:`TrackServer.max_backlog
-        <kvcs.moqt.serving.TrackServer.max_backlog>`)."""
+        <kvcs.moqt.serving.TrackServer.max_backlog>`); ``max_cursors``: fetch and fill streams
+        written at once (:attr:`TrackServer.max_cursors
+        <kvcs.moqt.serving.TrackServer.max_cursors>`)."""
         loop = asyncio.get_running_loop()
         self._established: asyncio.Future[SetupOptions] = loop.create_future()
         self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()

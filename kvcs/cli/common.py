@@ -321,8 +321,10 @@ def setup_logging(args: argparse.Namespace) -> None:
     level = str(args.log_level).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if logging.getLevelName(level) in (logging.WARNING, logging.ERROR):
-        # aioquic logs a failed handshake as a warning; the command reports it in one line
-        logging.getLogger("quic").setLevel(logging.ERROR)
+        # aioquic logs a failed handshake as a warning, the consumer each publication it
+        # refuses: the command reports them in one line
+        for name in ("quic", "kvcs.kvnet.consumer"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def progress(what: str, i: int, n: int, t0: float, nbytes: int | None = None) -> None:

@@ -110,6 +110,24 @@ def _codecs(values: list[str] | None) -> list[str]:
     return names
 
 
+def refusal_hint(reason: str, args: argparse.Namespace) -> str:
+    """Why a publication was refused, in words, and what to do (``reason``: the consumer's)."""
+    if "no Key ID" in reason or "neither Immutable Properties" in reason:
+        return ("it is not protected (plaintext), and --protect accepts only protected "
+                "publications: fetch it without --protect (on relays you trust), or have it "
+                "published with `kvcs publish --protect`")
+    if "is protected" in reason and "no content keys" in reason:
+        return ("it is protected and no content keys are held here: fetch it with "
+                "--protect --scope-key <the scope file with its content keys, made by "
+                "`kvcs keygen`>")
+    if "no signed manifest" in reason:
+        why = "--keyring" if args.keyring else "the scope file's producer key"
+        return (f"it is not signed, and {why} requires a signed manifest: have it published "
+                "with the producer's signing key (`kvcs publish --scope-key <that scope "
+                "file>` signs with it, or --producer-key)")
+    return reason
+
+
 def run_fetch(args: argparse.Namespace) -> int:
     """``kvcs fetch``."""
     from ..kv.errors import KvcsError
@@ -164,9 +182,12 @@ def run_fetch(args: argparse.Namespace) -> int:
         try:
             pub = await c.discover()
             if pub is None and client is None:
-                refused = f" (refused: {c.discarded[0][1]})" if c.discarded else ""
-                print(f"no publication covers any prefix of these tokens{refused}",
-                      file=sys.stderr)
+                if c.discarded:
+                    reason = str(c.discarded[0][1])
+                    print(f"kvcs fetch: {len(c.discarded)} publication(s) found but refused: "
+                          f"{refusal_hint(reason, args)}", file=sys.stderr)
+                else:
+                    print("no publication covers any prefix of these tokens", file=sys.stderr)
                 return 1
             if pub is None:
                 if c.require_signed:

@@ -39,7 +39,6 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..kv.errors import KvcsError
     from ..kv.ids import KvcsNamespace, scope_id
     from ..kv.manifest import Manifest, check_namespace
-    from ..kvnet.manifest_track import ManifestTrack
 
     setup_logging(args)
     check_connection_options(args)
@@ -73,21 +72,17 @@ def run_inspect(args: argparse.Namespace) -> int:
                     continue
                 print(f"- publication {kns.publication_id.hex()} compat "
                       f"{kns.compat_id.hex()[:16]}... anchor {kns.anchor_key.hex()[:16]}...")
-                track = None
                 try:
-                    async with asyncio.timeout(5):
-                        track = await ManifestTrack.open(ep, ns, require_signed=False,
-                                                         secure=secure)
-                        blob = await track.next_version()
+                    track, blob = await _read_manifest(ep, ns, secure)
                 except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
                     print(f"  no manifest: {exc or 'none within 5 s'}")
                     continue
-                except KvcsError as exc:  # protected: the manifest is encrypted
-                    print(f"  manifest unreadable: {exc}")
+                except KvcsError as exc:
+                    print(f"  manifest unreadable: {exc}" + (
+                        "; it is protected: give --scope-key <the scope file with its "
+                        "content keys>" if secure is None and "protected" in str(exc)
+                        else ""))
                     continue
-                finally:
-                    if track is not None:
-                        await track.close()
                 if blob is None:
                     print("  no manifest: the track ended without a version")
                     continue
@@ -109,7 +104,8 @@ def run_inspect(args: argparse.Namespace) -> int:
                 print(f"  {name} v{g}: {m.layers} layers, {m.block_tokens} "
                       f"tokens/block, model {m.compat.get('model')!r}, "
                       f"deterministic={m.deterministic}"
-                      + (", protected (Secure Objects)" if track.protected else ""))
+                      + (", protected (Secure Objects)" if track.protected
+                         else ", unprotected (plaintext)" if secure is not None else ""))
                 for seg in m.segments:
                     print(f"    segment {seg.segment}: blocks {seg.first_block}.."
                           f"{seg.first_block + seg.blocks - 1}, complete={seg.complete}, "
@@ -120,6 +116,28 @@ def run_inspect(args: argparse.Namespace) -> int:
             await ep.wait_closed()
 
     return asyncio.run(run())
+
+
+async def _read_manifest(ep: Any, ns: Any, secure: Any) -> tuple[Any, bytes | None]:
+    """The manifest track of ``ns`` and its newest version, read as it was published: with
+    the content keys when it is protected, as plaintext when it is not (inspect shows
+    both; `fetch --protect` accepts only protected ones). Raises what reading raises."""
+    from ..kv.secure import SecureObjectError
+    from ..kvnet.manifest_track import ManifestTrack
+
+    for keys in (secure, None) if secure is not None else (None,):
+        track = None
+        try:
+            async with asyncio.timeout(5):
+                track = await ManifestTrack.open(ep, ns, require_signed=False, secure=keys)
+                return track, await track.next_version()
+        except SecureObjectError as exc:
+            if keys is None or "no Key ID" not in str(exc):
+                raise  # tampered, or protected under other keys
+        finally:
+            if track is not None:
+                await track.close()
+    raise AssertionError("unreachable: the plaintext attempt returns or raises")
 
 
 def _cose_payload(blob: bytes) -> bytes:

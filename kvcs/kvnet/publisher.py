@@ -255,14 +255,14 @@ class KvPublisher:
                 f"over the relay's limit of {o.max_group_objects}: use smaller segments")
         if o.max_group_bytes is None:
             return
-        per_dim = d.block_tokens * d.kv_heads * d.dtype.itemsize  # raw octets per head dim
+        # sizes known before encoding (a codec that fixes the octets per element: raw): the
+        # larger of the K and V objects, and the joint object
         sizes = []
-        # sizes known before encoding (raw: the elements as they are): the larger of the K
-        # and V objects, and the joint object
-        if codec_record(o.codec).verbatim:
-            sizes.append(HEADER_SIZE + per_dim * max(d.head_dim, d.v_head_dim))
-        if o.joint_codec is not None and codec_record(o.joint_codec).verbatim:
-            sizes.append(HEADER_SIZE + per_dim * (d.head_dim + d.v_head_dim))
+        for codec, dims in ((o.codec, max(d.head_dim, d.v_head_dim)),
+                            (o.joint_codec, d.head_dim + d.v_head_dim)):
+            element = codec_record(codec).element_size(d.dtype) if codec is not None else None
+            if element is not None:
+                sizes.append(HEADER_SIZE + d.block_tokens * d.kv_heads * element * dims)
         for size in sizes:
             if o.secure is not None:
                 size = o.secure.protected_size(size, in_band=o.secure_in_band)

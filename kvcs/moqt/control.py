@@ -117,7 +117,10 @@ class ControlPlane(RequestCalls):
         self._opening.clear()
         self._draining.clear()
         for req in self._requests:
-            self.budget.give(req.parser.buffered)
+            # the requests' state is let go with the session: its charge too, so that a
+            # closed session accounts for nothing (the relay's held_bytes returns to 0)
+            self.budget.give(req.parser.buffered + req.charged)
+            req.charged = 0
             req.parser.clear()
 
     def is_local(self, stream_id: int) -> bool:

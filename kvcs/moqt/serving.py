@@ -21,6 +21,7 @@ Payload bytes are written as the views stored in the track: no copies per subscr
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -121,6 +122,12 @@ def passes_range_filters(obj: CachedObject, filters: tuple[RangeFilter, ...]) ->
     return not sets or any(sets.values())
 
 
+CURSOR_COST = 512
+"""Bytes of Python objects one fetch or fill cursor keeps (a slotted _Cursor, its list and
+queue entries), for the relay's per-session accounting; what it wrote is queued in the
+transport and counted there."""
+
+
 @dataclass(slots=True)
 class _Cursor:
     """Delivery of a Location range from a track on one fetch or fill stream."""
@@ -152,6 +159,8 @@ class _Subscription:
     forward: bool
     filters: tuple[RangeFilter, ...]
     streams: dict[tuple[int, int], int] = field(default_factory=dict)
+    last_ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    """The last Object ID written on each open subgroup stream."""
     cursors: list[_Cursor] = field(default_factory=list)
     ended: bool = False  # track ended: PUBLISH_DONE once fills are done
     done: bool = False
@@ -164,7 +173,7 @@ class TrackServer:
                  on_request_ended: Callable[[int], None] | None = None,
                  can_fill: Callable[[int, int, Location, Location], bool] | None = None,
                  backlog: Callable[[], int] | None = None, max_backlog: int = 0,
-                 wake: Callable[[], None] | None = None) -> None:
+                 wake: Callable[[], None] | None = None, max_cursors: int = 0) -> None:
         self.session = session
         self.wake = wake
         """Called when a track this server serves changed and serving it wrote something
@@ -196,6 +205,13 @@ class TrackServer:
         need no such bound: their cursors wait for the stream to drain (``write_window``)."""
         self.too_far_behind = 0
         """Subscriptions ended with TOO_FAR_BEHIND so far."""
+        self.max_cursors = max_cursors
+        """Fetch and fill streams written at once (0: no limit); more wait their turn, in
+        order. Each may have a write window in flight, so this bounds what a session's
+        fetches and fills hold: 100 concurrent whole-track fills held ~2.6 MiB each."""
+        self._running: list[_Cursor] = []
+        self._waiting: deque[_Cursor] = deque()
+        self._admitting = False
 
     # ------------------------------------------------------------- requests
 
@@ -282,7 +298,7 @@ class TrackServer:
                            None)
         self._fetches[request_id] = cur
         self._watch(track)
-        self._pump(cur)
+        self._begin(cur)
         return True
 
     def serve_track_status(self, request_id: int, msg: TrackStatus, track: Track) -> None:
@@ -317,6 +333,7 @@ class TrackServer:
                     cur.done = True
                 self._unwatch_if_idle(sub.track)
                 self._notify_done(event.request_id)
+                self._admit()
                 return True
             cur = self._fetches.pop(event.request_id, None)
             if cur is not None:
@@ -324,6 +341,7 @@ class TrackServer:
                 self.session.reset_data_stream(cur.stream_id, StreamResetCode.CANCELLED)
                 self._unwatch_if_idle(cur.track)
                 self._notify_done(event.request_id)
+                self._admit()
                 return True
         return False
 
@@ -348,6 +366,7 @@ class TrackServer:
         self.session.publish_done(request_id, status, reason)
         self._unwatch_if_idle(sub.track)
         self._notify_done(request_id)
+        self._admit()
 
     def fail_fetch(self, request_id: int, code: int = StreamResetCode.INTERNAL_ERROR) -> None:
         """Abort a fetch in progress (reset its data stream)."""
@@ -357,6 +376,7 @@ class TrackServer:
             self.session.reset_data_stream(cur.stream_id, code)
             self._unwatch_if_idle(cur.track)
             self._notify_done(request_id)
+            self._admit()
 
     def fail_fill(self, request_id: int, fill_id: int | None = None,
                   code: int = StreamResetCode.INTERNAL_ERROR) -> None:
@@ -370,6 +390,7 @@ class TrackServer:
                 cur.done = True
                 self.session.reset_data_stream(cur.stream_id, code)
         self._maybe_done(sub)
+        self._admit()
 
     def _notify_done(self, request_id: int) -> None:
         if self._on_request_ended is not None:
@@ -387,6 +408,9 @@ class TrackServer:
         self._watched.clear()
         self._subs.clear()
         self._fetches.clear()
+        self._blocked.clear()
+        self._running.clear()
+        self._waiting.clear()
 
     @property
     def active(self) -> int:
@@ -456,7 +480,7 @@ class TrackServer:
         cur = self._cursor(sub.request_id, sid, track, start, end, descending, filters,
                            fill_id)
         sub.cursors.append(cur)
-        self._pump(cur)
+        self._begin(cur)
 
     # ------------------------------------------------------------- updates
 
@@ -522,6 +546,7 @@ class TrackServer:
             obj = objs[0]
             for sub in subs:
                 sid = sub.streams.pop((obj.group_id, obj.subgroup_id), None)
+                sub.last_ids.pop((obj.group_id, obj.subgroup_id), None)
                 if sid is not None:
                     self.session.end_data_stream(sid)
         elif what == "group_closed":
@@ -529,6 +554,7 @@ class TrackServer:
             for sub in subs:
                 for key in [k for k in sub.streams if k[0] == obj.group_id]:
                     self.session.end_data_stream(sub.streams.pop(key))
+                    sub.last_ids.pop(key, None)
         elif what == "ended":
             for sub in subs:
                 self._track_ended(sub)
@@ -573,6 +599,13 @@ class TrackServer:
         sid = sub.streams.get(key)
         if sid is not None and not s.data_stream_open(sid):
             sid = None
+        if sid is not None and obj.object_id <= sub.last_ids.get(key, -1):
+            # behind what this stream carried already (a relay whose upstream sent the
+            # subgroup on two streams that raced): a subgroup stream only goes forward, so
+            # it ends here, with everything written to it delivered, and the subgroup
+            # goes on in a new stream (draft-22 section 11.3.2)
+            s.end_data_stream(sid)
+            sid = None
         if sid is None:
             default = sub.track.default_priority
             prio = None if obj.publisher_priority == default else obj.publisher_priority
@@ -583,8 +616,10 @@ class TrackServer:
         s.write_object(sid, obj.object_id, obj.payload, obj.status, obj.properties, end=end)
         self.objects_sent += 1
         self.bytes_sent += len(obj.payload)
+        sub.last_ids[key] = obj.object_id
         if end:
             sub.streams.pop(key, None)
+            sub.last_ids.pop(key, None)
         if obj.status == ObjectStatus.END_OF_TRACK:
             self._track_ended(sub)
 
@@ -721,6 +756,36 @@ class TrackServer:
         """True if object ``obj`` of ``group`` is known (present or absent)."""
         return track.is_settled(Location(group, obj)) or track.group_closed(group)
 
+    @property
+    def cursors(self) -> tuple[int, int]:
+        """(fetch and fill streams being written, waiting their turn)."""
+        self._running = [c for c in self._running if not c.done]
+        return len(self._running), sum(not c.done for c in self._waiting)
+
+    def _begin(self, cur: _Cursor) -> None:
+        """Start writing a new cursor, or queue it behind :attr:`max_cursors` others."""
+        if self.max_cursors and self.cursors[0] >= self.max_cursors:
+            cur.blocked = True  # not in _blocked: only _admit starts it
+            self._waiting.append(cur)
+            return
+        self._running.append(cur)
+        self._pump(cur)
+
+    def _admit(self) -> None:
+        """Start waiting cursors while fewer than :attr:`max_cursors` run."""
+        if self._admitting or not self._waiting:
+            return
+        self._admitting = True  # a started cursor may finish at once: no recursion
+        try:
+            while self._waiting and self.cursors[0] < self.max_cursors:
+                cur = self._waiting.popleft()
+                if not cur.done:
+                    cur.blocked = False
+                    self._running.append(cur)
+                    self._pump(cur)
+        finally:
+            self._admitting = False
+
     def _cursor_finished(self, cur: _Cursor) -> None:
         self._blocked.pop(cur.stream_id, None)
         if cur.fill_id is None:
@@ -731,3 +796,4 @@ class TrackServer:
             sub = self._subs.get(cur.request_id)
             if sub is not None:
                 self._maybe_done(sub)
+        self._admit()

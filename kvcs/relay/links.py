@@ -14,6 +14,7 @@ for and end the downstream requests.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +30,8 @@ from ..moqt.wire import (
     LocationFilter,
     Parameters,
 )
-from .session import RelaySession, request_kind
+from .requests import RelayedState
+from .session import RelaySession
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -50,26 +52,53 @@ def exact_payload(payload: bytes | memoryview) -> bytes | memoryview:
     return payload
 
 
+class LinkState(enum.Enum):
+    """The lifecycle of an upstream subscription."""
+
+    SUBSCRIBING = "subscribing"
+    """SUBSCRIBE sent; the requests that need it wait (RelayedState.WAITING)."""
+    ESTABLISHED = "established"
+    """SUBSCRIBE_OK came: its track is served while it fills."""
+    RETIRED = "retired"
+    """Ended (complete, lost, failed, released); no longer in the table."""
+
+
+class FillState(enum.Enum):
+    """The fill of everything the cached copy did not know when the link opened."""
+
+    AWAITING_OK = "awaiting_ok"
+    """Its range is known from SUBSCRIBE_OK (LARGEST_OBJECT) only."""
+    ENDED_EARLY = "ended_early"
+    """The fill stream ended before SUBSCRIBE_OK (streams are not ordered)."""
+    RUNNING = "running"
+    DONE = "done"
+    """Ended, or nothing to fill."""
+
+
 @dataclass(eq=False)
 class Link:
-    """The one upstream subscription feeding a cached track."""
+    """The one upstream subscription feeding a cached track. The requests that need it
+    are records of the relay's :class:`~kvcs.relay.requests.RelayedRequests`."""
 
     key: FullTrackName
     source: RelaySession
     track: Track
     request_id: int = -1
-    established: bool = False
+    state: LinkState = LinkState.SUBSCRIBING
+    fill: FillState = FillState.AWAITING_OK
     fill_end: Location | None = None
-    fill_pending: bool = False
-    fill_ended_early: bool = False
-    """The fill stream ended before SUBSCRIBE_OK arrived (streams are not ordered)."""
     unknown_ranges: bool = False
+    """The upstream reported objects it no longer knows (End of Unknown Range)."""
     lost: bool = False
-    waiting: list[tuple[RelaySession, ev.RequestReceived]] = field(default_factory=list)
-    downstream: dict[tuple[int, int], RelaySession] = field(default_factory=dict)
+    """A stream was reset, or the fill could not be trusted: the copy cannot be vouched
+    for as complete."""
     streams: dict[int, tuple[int, int]] = field(default_factory=dict)
     idle_handle: asyncio.TimerHandle | None = None
-    closed: bool = False
+
+    @property
+    def established(self) -> bool:
+        """True once SUBSCRIBE_OK came (and until the link is retired)."""
+        return self.state is LinkState.ESTABLISHED
 
 
 class Links:
@@ -78,6 +107,7 @@ class Links:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self._by_track: dict[FullTrackName, Link] = {}
+        self._by_request: dict[tuple[RelaySession, int], Link] = {}
         self.objects_in = 0
         """Objects received on upstream subscriptions (kvcs_relay_objects_in_total)."""
         self.bytes_in = 0
@@ -93,6 +123,10 @@ class Links:
     def all(self) -> list[Link]:
         """Every open link."""
         return list(self._by_track.values())
+
+    def fed(self, source: RelaySession, request_id: int) -> Link | None:
+        """The link whose SUBSCRIBE on ``source`` is ``request_id``."""
+        return self._by_request.get((source, request_id))
 
     def feeding(self, track: Track) -> Link | None:
         """The link that feeds exactly this cached track object."""
@@ -118,7 +152,7 @@ class Links:
         link.fill_end = start  # provisional; the real end is LARGEST_OBJECT of the OK
         link.request_id = source.session.subscribe(key[0], key[1], p)
         self._by_track[key] = link
-        source.feeds[link.request_id] = link
+        self._by_request[source, link.request_id] = link
         source.schedule_flush()
         log.info("upstream SUBSCRIBE %s/%r via session %d (fill from %s)",
                  render_namespace(key[0]), key[1], source.id, start)
@@ -166,7 +200,7 @@ class Links:
         """Any other event of the upstream subscription."""
         track = link.track
         if isinstance(e, ev.SubscribeAccepted):
-            link.established = True
+            link.state = LinkState.ESTABLISHED
             msg = e.message
             if msg.track_properties:
                 track.properties = tuple(msg.track_properties)
@@ -175,27 +209,28 @@ class Links:
                 track.largest = largest
             start = link.fill_end or Location(0, 0)
             link.fill_end = largest
-            if largest is None or start > largest or link.fill_ended_early:
+            if largest is None or start > largest or link.fill is FillState.ENDED_EARLY:
                 # empty fill range (no fill stream), or the fill already came in
-                link.fill_pending = False
+                link.fill = FillState.DONE
                 if largest is not None and not link.lost and not link.unknown_ranges:
                     track.settle(largest)
             else:
-                link.fill_pending = True
+                link.fill = FillState.RUNNING
             self._maybe_complete(link)
-            waiting, link.waiting = link.waiting, []
-            for p, req in waiting:
-                p.waiting.pop(req.request_id, None)
-                if not p.is_closed:
-                    self.relay.serve(p, req, track, link)
+            for r in self.relay.requests.on_link(link, RelayedState.WAITING):
+                if r.peer.is_closed:
+                    self.relay.requests.end(r)
+                else:
+                    self.relay.serve(r.peer, r.event, track, link)
             self.maybe_idle(link)
         elif isinstance(e, ev.DataStreamEnded):
             if e.fill_id is not None:
-                link.fill_pending = False
+                early = link.state is LinkState.SUBSCRIBING
+                link.fill = FillState.ENDED_EARLY if early else FillState.DONE
                 if e.reset_code is not None or link.unknown_ranges:
                     link.lost = True
-                elif not link.established:
-                    link.fill_ended_early = True  # SUBSCRIBE_OK settles the range
+                elif early:
+                    pass  # SUBSCRIBE_OK settles the range
                 elif link.fill_end is not None:
                     track.settle(link.fill_end)
             else:
@@ -211,7 +246,7 @@ class Links:
         elif isinstance(e, ev.SubscriptionEnded):
             done = e.message
             if done.status == PublishDoneCode.TRACK_ENDED and not link.lost \
-                    and not link.unknown_ranges and not link.fill_pending:
+                    and not link.unknown_ranges and link.fill is not FillState.RUNNING:
                 self._retire(link)
                 if not track.complete:
                     track.finish()
@@ -233,7 +268,7 @@ class Links:
         known, without waiting for PUBLISH_DONE: the publisher may leave right after."""
         track = link.track
         if (not track.complete and link.established and not link.lost
-                and not link.unknown_ranges and not link.fill_pending
+                and not link.unknown_ranges and link.fill is not FillState.RUNNING
                 and track.known_until_end()):
             track.finish()
             log.info("track %r complete (%d objects, %d bytes)", track.name, track.count,
@@ -247,11 +282,10 @@ class Links:
             self.lost(link, PublishDoneCode.GOING_AWAY, "publisher went away")
 
     def _reject_waiting(self, link: Link, code: int, reason: str) -> None:
-        for p, req in link.waiting:
-            p.waiting.pop(req.request_id, None)
-            p.fetches.discard(req.request_id)
-            self.relay.reject(p, req.request_id, request_kind(req.message), code, reason)
-        link.waiting.clear()
+        requests = self.relay.requests
+        for r in requests.on_link(link, RelayedState.WAITING):
+            requests.end(r)
+            self.relay.reject(r.peer, r.request_id, r.kind, code, reason)
 
     def _failed(self, link: Link, code: int, reason: str) -> None:
         if link.established:
@@ -279,22 +313,24 @@ class Links:
         code = (status if status in (PublishDoneCode.GOING_AWAY, PublishDoneCode.MALFORMED_TRACK)
                 else PublishDoneCode.INTERNAL_ERROR)
         reset = StreamResetCode.MALFORMED_TRACK if malformed else StreamResetCode.INTERNAL_ERROR
-        for (_sid, rid), p in list(link.downstream.items()):
-            p.abort_served(rid, code, reason, reset)
-        link.downstream.clear()
+        requests = self.relay.requests
+        for r in requests.on_link(link, RelayedState.SERVED):
+            r.peer.abort_served(r.request_id, code, reason, reset)
+        for r in requests.on_link(link):
+            requests.detach(r)
         # we cannot state the completeness of what is cached honestly: drop it
         self.relay.origin.forget(track)
         log.info("dropped incomplete track %r: %s", track.name, reason)
 
     def _retire(self, link: Link) -> None:
-        if link.closed:
+        if link.state is LinkState.RETIRED:
             return
-        link.closed = True
+        link.state = LinkState.RETIRED
         if link.idle_handle is not None:
             link.idle_handle.cancel()
         if self._by_track.get(link.key) is link:
             del self._by_track[link.key]
-        link.source.feeds.pop(link.request_id, None)
+        self._by_request.pop((link.source, link.request_id), None)
 
     def cancel(self, link: Link) -> None:
         """Unsubscribe upstream; the cached objects stay (what is known stays known)."""
@@ -311,7 +347,7 @@ class Links:
 
     def maybe_idle(self, link: Link) -> None:
         """Release the link once nobody needs it (after ``upstream_linger`` seconds)."""
-        if link.closed or link.downstream or link.waiting or not link.established:
+        if not link.established or self.relay.requests.needs(link):
             return
         if link.idle_handle is not None:
             link.idle_handle.cancel()
@@ -324,7 +360,7 @@ class Links:
 
     def _release_idle(self, link: Link) -> None:
         link.idle_handle = None
-        if link.closed or link.downstream or link.waiting:
+        if link.state is LinkState.RETIRED or self.relay.requests.needs(link):
             return
         self.cancel(link)
 

@@ -47,6 +47,7 @@ from .links import Link, Links
 from .linkstats import LinkStats
 from .metrics import Metrics, MetricsServer
 from .namespaces import Namespaces
+from .requests import RelayedRequests, RelayedState
 from .routing import RelayRouter
 from .session import RelaySession, request_kind
 from .store import Store
@@ -97,6 +98,8 @@ class Relay:
         self.sessions: dict[int, RelaySession] = {}
         self.namespaces = Namespaces(self.origin)
         self.links = Links(self)
+        self.requests = RelayedRequests()
+        """Every relayed request, one record each (:mod:`kvcs.relay.requests`)."""
         self.router = RelayRouter(self)
         """Routes every session's requests (:mod:`kvcs.relay.routing`)."""
         self.link_stats = LinkStats(self)
@@ -146,9 +149,12 @@ class Relay:
         docs/relay.md, Fairness and bounded memory): the session's MOQT state
         (:func:`~kvcs.moqt.config.state_bound` at the transport's stream limits), what
         waits to be sent to it (``max_session_backlog``, then TOO_FAR_BEHIND), a write
-        window for each FETCH it may have going, QUIC's flow-control windows each way
-        (``max_data``) and the send watermark. Fills add a write window each, and the
-        object being queued when a bound is reached comes on top."""
+        window for each fetch or fill stream it may have written at once
+        (``max_fetches_per_session``: more wait their turn, so 100 concurrent fills hold
+        what 16 do), QUIC's flow-control windows each way (``max_data``) and the send
+        watermark. The object being queued when a bound is reached comes on top. What a
+        session holds now, as accounted: :attr:`RelaySession.held_bytes
+        <kvcs.relay.session.RelaySession.held_bytes>`."""
         cfg, st = self.config, self.settings
         return (state_bound(SessionConfig(is_client=False), st.max_streams_bidi,
                             st.max_streams_uni)
@@ -367,20 +373,18 @@ class Relay:
         self.link_stats.session_closed(peer)
         self.sessions.pop(peer.id, None)
         # requests it made
-        for waited in list(peer.waiting.values()):
-            waited.waiting = [(p, r) for p, r in waited.waiting if p is not peer]
-        peer.waiting.clear()
-        for rid, served in list(peer.served.items()):
-            if served is not None:
-                served.downstream.pop((peer.id, rid), None)
-                self.links.maybe_idle(served)
-        peer.served.clear()
+        for r in self.requests.of_peer(peer):
+            link, served = r.link, r.state is RelayedState.SERVED
+            self.requests.end(r)
+            if link is not None and served:
+                self.links.maybe_idle(link)
         was_upstream = peer is self.upstream
         # its watches and the namespaces it published (or announced, as the upstream)
         self.namespaces.session_closed(peer)
         # TRACK_STATUS requests forwarded to it: answer them downstream now
-        for fwd in list(peer.status_forwarded):
-            self.on_status_answer(peer, fwd, None)
+        for r in self.requests.forwarded_to(peer):
+            assert r.upstream_id is not None
+            self.on_status_answer(peer, r.upstream_id, None)
         # links it fed
         self.links.source_closed(peer)
         self.announcer.sync()
@@ -420,27 +424,21 @@ class Relay:
         self.metrics.request_forgotten((peer.id, rid))
         if self.tier is not None and self.tier.cancelled(peer, rid):
             return
-        link = peer.waiting.pop(rid, None)
-        if link is not None:
-            link.waiting = [(p, r) for p, r in link.waiting
-                            if not (p is peer and r.request_id == rid)]
-            peer.fetches.discard(rid)
-            self.links.maybe_idle(link)
+        r = self.requests.get(peer, rid)
+        if r is not None:
+            self.requests.end(r)
+            if r.link is not None and r.state is RelayedState.WAITING:
+                self.links.maybe_idle(r.link)
+            source = r.source
+            if source is not None and r.upstream_id is not None and not source.is_closed:
+                source.session.cancel(r.upstream_id)  # the TRACK_STATUS forwarded for it
+                source.schedule_flush()
             return
         if self.namespaces.withdraw(peer, rid):
             self.announcer.sync()
             return
         if self.namespaces.unwatch(peer, rid):
             self.announcer.sync()
-            return
-        peer.served.pop(rid, None)
-        for source in self.sessions.values():  # a TRACK_STATUS forwarded for it: withdraw
-            for fwd, asker in list(source.status_forwarded.items()):
-                if asker == (peer, rid):
-                    del source.status_forwarded[fwd]
-                    if not source.is_closed:
-                        source.session.cancel(fwd)
-                        source.schedule_flush()
 
     # ------------------------------------------------------------------ routing
 
@@ -450,10 +448,7 @@ class Relay:
 
     def wait(self, peer: RelaySession, e: ev.RequestReceived, link: Link) -> None:
         """Request ``e`` of ``peer`` waits until ``link`` is established (or fails)."""
-        link.waiting.append((peer, e))
-        peer.waiting[e.request_id] = link
-        if isinstance(e.message, Fetch):
-            peer.fetches.add(e.request_id)
+        self.requests.wait(peer, e, link)
 
     def serve(self, peer: RelaySession, e: ev.RequestReceived, track: Track,
               link: Link | None) -> None:
@@ -464,15 +459,14 @@ class Relay:
         kind = request_kind(m)
         track.touch()
         if isinstance(m, TrackStatus):
+            waited = self.requests.get(peer, rid)
+            if waited is not None:
+                self.requests.end(waited)
             peer.server.serve(rid, m, track)
             self._ok(kind, peer, rid)
             peer.schedule_flush()
             return
-        peer.served[rid] = link
-        if link is not None:
-            link.downstream[(peer.id, rid)] = peer
-        if isinstance(m, Fetch):
-            peer.fetches.add(rid)
+        self.requests.serve(peer, e, link)
         if peer.server.serve(rid, m, track):
             self._ok(kind, peer, rid)
         else:
@@ -484,16 +478,20 @@ class Relay:
     def on_served_done(self, peer: RelaySession, rid: int) -> None:
         """A subscription or fetch served to ``peer`` ended (done, cancelled, failed)."""
         peer.schedule_flush()  # PUBLISH_DONE / FIN / reset to send
-        link = peer.served.pop(rid, None)
-        peer.fetches.discard(rid)
+        r = self.requests.get(peer, rid)
+        if r is None:
+            return
+        link = r.link
+        self.requests.end(r)
         if link is not None:
-            link.downstream.pop((peer.id, rid), None)
             self.links.maybe_idle(link)
 
     def on_status_answer(self, source: RelaySession, rid: int, e: ev.Event | None) -> None:
         """The answer to a forwarded TRACK_STATUS (None: ``source`` went away)."""
-        peer, drid = source.status_forwarded.pop(rid)
-        peer.served.pop(drid, None)
+        r = self.requests.answered_by(source, rid)
+        assert r is not None
+        self.requests.end(r)
+        peer, drid = r.peer, r.request_id
         if peer.is_closed:
             return
         if isinstance(e, ev.RequestAccepted):
@@ -524,7 +522,8 @@ class _Retention:
 
     def pinned(self, track: Track) -> bool:
         link = self.relay.links.feeding(track)
-        return link is not None and bool(link.downstream)
+        return link is not None and bool(
+            self.relay.requests.on_link(link, RelayedState.SERVED))
 
     def fed(self, track: Track) -> bool:
         return self.relay.links.feeding(track) is not None

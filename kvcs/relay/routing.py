@@ -79,7 +79,6 @@ class RelayRouter(Router[RelaySession]):
     def resolve(self, peer: RelaySession, e: ev.RequestReceived, key: FullTrackName,
                 track: Track | None) -> None:
         relay = self.relay
-        rid = e.request_id
         link = relay.links.get(key)
         if link is not None and peer.upstream and link.source.upstream:
             # the upstream asks for what we are asking it: a loop (a namespace we announced
@@ -105,8 +104,7 @@ class RelayRouter(Router[RelaySession]):
             return
         if isinstance(e.message, TrackStatus):
             fwd = source.session.track_status(key[0], key[1], source.request_params())
-            source.status_forwarded[fwd] = (peer, rid)
-            peer.served[rid] = None
+            relay.requests.forward(peer, e, source, fwd)
             source.schedule_flush()
             return
         relay.metrics.inc("kvcs_relay_cache_misses_total")

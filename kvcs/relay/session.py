@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..binding import BoundSession
 from ..moqt import events as ev
 from ..moqt.errors import StreamResetCode
+from ..moqt.serving import CURSOR_COST
 from ..moqt.wire import AuthToken, Parameters
 from ..routing import ROUTED_REQUESTS, request_kind
 from ..transport import MoqtConnection
@@ -22,7 +23,6 @@ from ..transport import MoqtConnection
 __all__ = ["RELAYED_REQUESTS", "ROUTED_DOWN", "RelaySession", "request_kind"]
 
 if TYPE_CHECKING:
-    from .links import Link
     from .relay import Relay
 
 RELAYED_REQUESTS = ROUTED_REQUESTS
@@ -37,7 +37,8 @@ class RelaySession(BoundSession):
     def __init__(self, conn: MoqtConnection, relay: Relay, session_id: int, *,
                  upstream: bool = False, request_tokens: tuple[AuthToken, ...] = ()) -> None:
         super().__init__(conn, None if upstream else relay.admission.pacer,
-                         relay.config.max_session_backlog)
+                         relay.config.max_session_backlog,
+                         relay.config.max_fetches_per_session)
         self.relay = relay
         self.id = session_id
         self.upstream = upstream
@@ -50,26 +51,34 @@ class RelaySession(BoundSession):
         self.bytes_in = 0
         """Objects (payload bytes) received on the relay's subscriptions to this peer
         (:mod:`kvcs.relay.linkstats`)."""
-        # requests the peer made of the relay
-        self.waiting: dict[int, Link] = {}  # request -> the upstream subscription it awaits
-        self.served: dict[int, Link | None] = {}  # request -> its link (None: cache/forward)
-        self.fetches: set[int] = set()
-        # requests the relay made on this session
-        self.feeds: dict[int, Link] = {}  # SUBSCRIBE -> the link it feeds
-        self.status_forwarded: dict[int, tuple[RelaySession, int]] = {}  # -> (asker, its rid)
+        # the requests the peer made of the relay are records of relay.requests; those the
+        # relay made on this session are its links (relay.links) and forwarded TRACK_STATUS
+        # (relay.requests)
 
     def request_params(self) -> Parameters:
         """Parameters for a request the relay makes on this session (its tokens)."""
         return Parameters(auth_tokens=self.request_tokens)
 
+    @property
+    def held_bytes(self) -> int:
+        """What this session makes the relay hold now, as accounted: the MOQT session's
+        buffers and request state (control, data and early bytes: parser buffers
+        included), the objects queued for the peer, and the fetch and fill cursors. At
+        most :attr:`Relay.session_memory_bound <kvcs.relay.Relay.session_memory_bound>`;
+        0 once the session has left."""
+        u = self.session.usage
+        running, waiting = self.server.cursors
+        return (u.control_bytes + u.data_bytes + u.early_bytes + self.conn.queued_bytes
+                + (running + waiting) * CURSOR_COST)
+
     def open_requests(self) -> int:
         """Requests this session's peer has open with the relay."""
-        return (len(self.waiting) + len(self.served)
+        return (self.relay.requests.open_requests(self)
                 + self.relay.namespaces.open_requests(self))
 
     def open_fetches(self) -> int:
         """Fetches of this session's peer being served or waiting."""
-        return len(self.fetches)
+        return self.relay.requests.open_fetches(self)
 
     def abort_served(self, request_id: int, status: int, reason: str,
                      reset_code: int = StreamResetCode.INTERNAL_ERROR) -> None:
@@ -87,17 +96,17 @@ class RelaySession(BoundSession):
     def handle_event(self, e: ev.Event) -> None:
         relay = self.relay
         if isinstance(e, ev.ObjectReceived):
-            link = self.feeds.get(e.request_id)
+            link = relay.links.fed(self, e.request_id)
             if link is not None:
                 relay.links.on_object(link, e)
             return
         rid = getattr(e, "request_id", None)
         if rid is None:
             return
-        link = self.feeds.get(rid)
+        link = relay.links.fed(self, rid)
         if link is not None:
             relay.links.on_event(link, e)
-        elif rid in self.status_forwarded:
+        elif relay.requests.answered_by(self, rid) is not None:
             relay.on_status_answer(self, rid, e)
         elif self.upstream and (relay.namespaces.on_upstream_event(rid, e)
                                 or relay.announcer.on_event(rid, e)):

@@ -42,6 +42,10 @@ class DiskTier:
         self._saving: asyncio.Task[None] | None = None
         self._loads: dict[FullTrackName, list[tuple[RelaySession, ev.RequestReceived]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rerouting: set[FullTrackName] = set()
+        """Tracks whose waiting requests are being routed again after a load: if the
+        cache could not keep the track (larger than its budget), they go on without the
+        store instead of loading it again."""
         self.loaded = 0
         """Tracks read back from disk (kvcs_relay_store_loads_total)."""
         self.saved = 0
@@ -121,7 +125,7 @@ class DiskTier:
     def route(self, peer: RelaySession, e: ev.RequestReceived, key: FullTrackName) -> bool:
         """Take request ``e`` if the store holds ``key``: it is routed again once the
         track is loaded. False if the store does not hold it."""
-        if not self.store.has(key):
+        if not self.store.has(key) or key in self._rerouting:
             return False
         waiting = self._loads.get(key)
         if waiting is not None:
@@ -159,6 +163,10 @@ class DiskTier:
                 self.relay.origin.added(0)
         elif not self.store.holds(key[0]) and not self.relay.origin.under(key[0]):
             self.relay.namespaces.release_kept(key[0])
-        for peer, e in waiting:
-            if not peer.is_closed:
-                self.relay.route_again(peer, e)
+        self._rerouting.add(key)
+        try:
+            for peer, e in waiting:
+                if not peer.is_closed:
+                    self.relay.route_again(peer, e)
+        finally:
+            self._rerouting.discard(key)

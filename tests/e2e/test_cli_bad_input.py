@@ -67,7 +67,17 @@ async def test_every_row_of_the_bad_input_table(net: LocalNet, tmp_path: Path) -
     data = cache(21)
     np.savez(tmp_path / "kv16.npz", k=np.stack([k for k, _ in data]).astype(np.float16),
              v=np.stack([v for _, v in data]).astype(np.float16))
+    scope_file = str(tmp_path / "scope.json")
+    rc, _, err = await run_kvcs("keygen", scope_file, "--scope-key", f["scope"],
+                                "--no-signing-key")
+    assert rc == 0, err
+    rc, _, err = await run_kvcs("publish", "--relay", f"moqt://127.0.0.1:{relay.port}/",
+                                "--cafile", str(net.cert.certfile), "--descriptor", f["desc"],
+                                "--scope-key", f["scope"], "--tokens", f["tokens"], "--kv",
+                                f["kv"], "--token", TOKEN, "--loopback")
+    assert rc == 0, err
     values = {
+        "scopefile": scope_file,
         "relay": f"moqt://127.0.0.1:{relay.port}/", "cert": str(net.cert.certfile),
         "closed": f"moqt://127.0.0.1:{closed_port()}/", "kv": f["kv"],
         "kv16": str(tmp_path / "kv16.npz"), "out": str(tmp_path / "got.npz"), "token": TOKEN,

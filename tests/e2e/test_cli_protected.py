@@ -82,3 +82,29 @@ async def test_protect_mistakes_are_one_line(tmp_path: Path,
     rc, _, err = await run_kvcs("publish", *ident, "--kv", f["kv"], "--protect-in-band",
                                 "--scope-key", str(tmp_path / "broken.json"))
     assert rc == 2 and err.count("\n") == 1 and "broken.json" in err
+
+
+async def test_inspect_reads_both_and_protect_explains_plaintext(net: LocalNet,
+                                                                 tmp_path: Path) -> None:
+    """A plaintext publication: `inspect` with a scope file reads it (and says it is
+    unprotected); `fetch --protect` refuses it in words that say what to do."""
+    relay = await net.relay()
+    f = cli_inputs(tmp_path)
+    scope_file = str(tmp_path / "scope.json")
+    rc, _, err = await run_kvcs("keygen", scope_file, "--scope-key", f["scope"],
+                                "--no-signing-key")
+    assert rc == 0, err
+    trusted = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
+               str(net.cert.certfile), "--descriptor", f["desc"], "--loopback"]
+    rc, out, err = await run_kvcs("publish", *trusted, "--scope-key", f["scope"], "--tokens",
+                                  f["tokens"], "--kv", f["kv"])
+    assert rc == 0 and "the relay holds the whole publication" in out, err
+    rc, out, err = await run_kvcs("inspect", *trusted, "--scope-key", scope_file)
+    assert rc == 0, err
+    assert "1 publication(s)" in out and "unprotected (plaintext)" in out
+    assert "unreadable" not in out and "Key ID" not in out
+    rc, out, err = await run_kvcs("fetch", *trusted, "--scope-key", scope_file, "--protect",
+                                  "--tokens", f["tokens"], "--out", str(tmp_path / "x.npz"))
+    assert rc == 1 and err.count("\n") == 1, err
+    assert "not protected (plaintext)" in err and "without --protect" in err
+    assert "Key ID" not in err

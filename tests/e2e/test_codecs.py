@@ -23,7 +23,7 @@ from kvcs.transport import DevCertificate
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .recording import Requests, connect, direct_host
 from .test_http_fallback import _store, holder, http  # noqa: F401 (fixtures)
-from .test_tampering import TamperingRelay, _publish
+from .test_tampering import TamperingRelay, publish_cache
 
 
 class ExoticPublisher(KvPublisher):
@@ -101,7 +101,7 @@ async def test_signed_non_raw_track_recovered_over_http(
     evil = await net.relay(TamperingRelay, upstream=clean)
     name = f"kv.{codec}.s0".encode()
     evil.flip = {(name, 1, 4), (name, 3, 0)}  # type: ignore[misc]
-    _, data = await _publish(net, clean, 71, PublisherOptions(producer_key=key,
+    _, data = await publish_cache(net, clean, 71, PublisherOptions(producer_key=key,
                                                               joint_codec=codec))
     _store(holder, data)  # type: ignore[arg-type]
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, keyring=keyring,

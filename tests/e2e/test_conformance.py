@@ -38,7 +38,7 @@ from kvcs.transport import DevCertificate, QuicSettings
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .recording import SETTINGS, Requests, connect, direct_host
-from .test_tampering import TamperingRelay, _check, _publish
+from .test_tampering import TamperingRelay, check_layers, publish_cache
 
 
 @pytest.fixture
@@ -156,13 +156,13 @@ async def test_token_count_and_codec_checked_on_receipt(net: LocalNet, field: st
     body = encode_component(Component.K, fields["codec"], rows, rows)
     evil.swap = {(b"k.raw.s0", 2, 3): build_payload_bytes(  # type: ignore[misc]
         Component.K, 2, 3, 3 * BLOCK, fields["token_count"], fields["codec"], body)}
-    await _publish(net, clean, 102)
+    await publish_cache(net, clean, 102)
     c = KvConsumer([await net.client(evil), await net.client(clean)], SCOPE, DESC, PROMPT,
                    recompute_budget_s=5)
     found = await c.discover()
     assert found is not None
     got = [x async for x in c.prefix_layers(found)]
-    _check(got, data)
+    check_layers(got, data)
     assert c.stats.rejected == 1 and c.stats.retries >= 1
 
 
@@ -204,8 +204,8 @@ async def test_publications_mixed_only_when_both_are_deterministic(
     lossy.drop = {(b"k.raw.s0", 2, 7), (b"v.raw.s0", 4, 1)}  # type: ignore[misc]
     home_b = await net.relay()
     opts = PublisherOptions(deterministic=deterministic)
-    _, data = await _publish(net, home_a, 104, opts)
-    pub_b, _ = await _publish(net, home_b, 104, opts)  # same seed: the same bits
+    _, data = await publish_cache(net, home_a, 104, opts)
+    pub_b, _ = await publish_cache(net, home_b, 104, opts)  # same seed: the same bits
     c = KvConsumer([await net.client(lossy), await net.client(home_b)], SCOPE, DESC, PROMPT,
                    recompute_budget_s=2)
     found = await c.discover()  # on the first endpoint: publication A
@@ -215,7 +215,7 @@ async def test_publications_mixed_only_when_both_are_deterministic(
     got = []
     if deterministic:
         got = [x async for x in c.prefix_layers(found, alternates=alternates)]
-        _check(got, data)
+        check_layers(got, data)
         assert len(got) == LAYERS
     else:
         with pytest.raises(RecomputeRequired) as info:
@@ -223,7 +223,7 @@ async def test_publications_mixed_only_when_both_are_deterministic(
                 got.append(x)
         assert info.value.missing == {2: [7], 4: [1]}
         assert sorted(info.value.partial) == [2, 3, 4, 5]  # B's objects never placed
-        _check([info.value.partial[3], info.value.partial[5]], data)
+        check_layers([info.value.partial[3], info.value.partial[5]], data)
         assert [x.index for x in got] == [0, 1]
 
 

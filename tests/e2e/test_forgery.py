@@ -24,7 +24,7 @@ from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .test_protected_tampering import EditingRelay
-from .test_tampering import _publish
+from .test_tampering import publish_cache
 
 GROUP, BLOCK_INDEX = 2, 3
 """The forged object: block 3 of layer 2 of the key track."""
@@ -67,7 +67,7 @@ async def test_a_consistent_forgery_fools_only_a_consumer_without_keys(
     evil.edits = _forger()  # type: ignore[attr-defined]
 
     # trusted relays: no content keys, no producer key; the forgery is believed
-    _, data = await _publish(net, clean, 61)
+    _, data = await publish_cache(net, clean, 61)
     naive = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT)
     found = await naive.discover()
     assert found is not None and not naive.require_signed
@@ -80,7 +80,8 @@ async def test_a_consistent_forgery_fools_only_a_consumer_without_keys(
     assert main(["keygen", str(path), "--scope-key", str(_scope_key_file(tmp_path))]) == 0
     assert "signing key 'producer'" in capsys.readouterr().out
     scope = load_scope_file(path)
-    pub, data = await _publish(net, clean, 62, PublisherOptions(producer_key=scope.producer_key()))
+    pub, data = await publish_cache(net, clean, 62,
+                                    PublisherOptions(producer_key=scope.producer_key()))
     evil.only = pub.fields  # type: ignore[attr-defined]
     careful = KvConsumer([await net.client(evil), await net.client(clean)], SCOPE, DESC,
                          PROMPT, keyring=scope.keyring(), recompute_budget_s=5)

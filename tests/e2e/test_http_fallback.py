@@ -22,7 +22,7 @@ from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .retrieval import layers_until_recompute
-from .test_tampering import TamperingRelay, _check, _publish
+from .test_tampering import TamperingRelay, check_layers, publish_cache
 
 SID = scope_id(SCOPE)
 KEYS = block_keys(SCOPE, DESC.compat_id, PROMPT, BLOCK)
@@ -57,7 +57,7 @@ async def test_spoiled_objects_recovered_over_http(net: LocalNet, holder: KvspSe
     evil = await net.relay(TamperingRelay, upstream=clean)
     bad = {(b"k.raw.s0", 2, 3), (b"v.raw.s0", 4, 0)}
     evil.flip, evil.drop = (bad, set()) if mode == "flip" else (set(), bad)  # type: ignore
-    _, data = await _publish(net, clean, 31)
+    _, data = await publish_cache(net, clean, 31)
     _store(holder, data)
     # the only MOQT source is the tampering relay: retries there give the same bad bytes
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, recompute_budget_s=5,
@@ -66,7 +66,7 @@ async def test_spoiled_objects_recovered_over_http(net: LocalNet, holder: KvspSe
     assert found is not None
     got = [x async for x in consumer.layers(found)]
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.http_blocks == 2  # blocks 3 and 0, once each
     if mode == "flip":
         assert consumer.stats.rejected >= 2
@@ -80,14 +80,14 @@ async def test_signed_digests_confirm_http_blocks(net: LocalNet, holder: KvspSer
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.flip = {(b"k.raw.s0", 1, 7), (b"v.raw.s0", 5, 15)}  # type: ignore[misc]
-    _, data = await _publish(net, clean, 32, PublisherOptions(producer_key=key))
+    _, data = await publish_cache(net, clean, 32, PublisherOptions(producer_key=key))
     _store(holder, data)
     consumer = KvConsumer(await net.client(evil), SCOPE, DESC, PROMPT, keyring=keyring,
                           require_signed=True, recompute_budget_s=5, http=http)
     found = await consumer.discover()
     assert found is not None
     got = [x async for x in consumer.layers(found)]
-    _check(got, data)
+    check_layers(got, data)
     assert len(got) == LAYERS and consumer.stats.http_blocks == 2
     with pytest.raises(SignatureError):  # no manifest, no signature: refused
         _ = [x async for x in consumer.http_layers()]
@@ -99,7 +99,7 @@ async def test_blocks_missing_or_corrupt_on_the_holder_are_reported(
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.flip = {(b"k.raw.s0", 3, 5)}  # type: ignore[misc]
     evil.drop = {(b"v.raw.s0", 3, 9), (b"v.raw.s0", 3, 10)}  # type: ignore[misc]
-    _, data = await _publish(net, clean, 33)
+    _, data = await publish_cache(net, clean, 33)
     _store(holder, data)
     holder.store.path(SID, DESC.compat_id, KEYS[5]).unlink()  # not held
     path = holder.store.path(SID, DESC.compat_id, KEYS[9])
@@ -112,7 +112,7 @@ async def test_blocks_missing_or_corrupt_on_the_holder_are_reported(
     assert found is not None
     got, short = await layers_until_recompute(consumer.layers(found))
     assert [x.index for x in got] == [0, 1, 2]
-    _check(got, data)
+    check_layers(got, data)
     assert short.missing[3] == [5, 9]  # block 10 came over HTTP
     assert consumer.stats.http_blocks == 1 and consumer.stats.rejected >= 2
 
@@ -125,7 +125,7 @@ async def test_no_moqt_path_everything_over_http(net: LocalNet, holder: KvspServ
     assert await consumer.discover() is None  # no endpoint: nothing over MOQT
     got = [x async for x in consumer.http_layers()]
     assert [x.index for x in got] == list(range(LAYERS))
-    _check(got, data)
+    check_layers(got, data)
     assert consumer.stats.http_blocks == BLOCKS
     part = [x async for x in consumer.http_layers(range(2, 4), blocks=3)]
     assert [x.index for x in part] == [2, 3] and part[0].k.shape[0] == 3 * BLOCK
@@ -178,7 +178,7 @@ async def test_relay_is_a_kvsp_holder(net: LocalNet, tmp_path: Path) -> None:
             found = await consumer.discover()
             assert found is not None
             got = [x async for x in consumer.layers(found)]
-            _check(got, data)
+            check_layers(got, data)
             assert consumer.stats.http_blocks == 1
         async with KvspClient(holder.url, "publish-only",
                               pin_sha256=net.cert.sha256) as other:  # may publish, not read

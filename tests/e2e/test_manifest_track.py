@@ -22,7 +22,7 @@ from kvcs.transport import DevCertificate
 
 from .conftest import DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .recording import Requests, connect, direct_host
-from .test_tampering import TamperingRelay, _check, _publish
+from .test_tampering import TamperingRelay, check_layers, publish_cache
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ async def test_an_empty_signed_track_is_waited_for_not_downgraded(
 async def test_require_signed_refuses_a_publication_without_manifest_cose(
         net: LocalNet) -> None:
     relay = await net.relay()
-    await _publish(net, relay, 61)
+    await publish_cache(net, relay, 61)
     key = ProducerKey.generate("p")
     keyring = Keyring()
     keyring.add_producer(key)
@@ -156,8 +156,8 @@ async def test_swapped_object_caught_by_unsigned_object_digests(net: LocalNet) -
     Digest was checked and the foreign object was used."""
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
-    _, data_a = await _publish(net, clean, 62)
-    pub_b, _ = await _publish(net, clean, 63)
+    _, data_a = await publish_cache(net, clean, 62)
+    pub_b, _ = await publish_cache(net, clean, 63)
     track_b = pub_b.endpoint.tracks[(pub_b.fields, b"v.raw.s0")]  # type: ignore[attr-defined]
     obj = track_b.get(type(track_b.largest)(2, 5))  # type: ignore[arg-type, misc]
     evil.swap = {(b"v.raw.s0", 2, 5): bytes(obj.payload)}  # type: ignore[misc]
@@ -166,5 +166,5 @@ async def test_swapped_object_caught_by_unsigned_object_digests(net: LocalNet) -
     pubs = await c.discover_all()
     target = next(p for p in pubs if p.namespace.publication_id != pub_b.publication_id)
     got = [x async for x in c.prefix_layers(target)]
-    _check(got, data_a)
+    check_layers(got, data_a)
     assert c.stats.rejected == 1 and c.stats.retries >= 1

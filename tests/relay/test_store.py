@@ -137,3 +137,19 @@ def test_lru_eviction_by_bytes(tmp_path: Path) -> None:
     assert t is not None and t.complete and bytes(t.get(t.largest).payload) == b"" \
         and t.count == 5
     assert not store.save(_track((b"kvcs-1", b"\xee" * 16), 100_000))  # larger than all
+
+
+async def test_stored_track_larger_than_the_cache(env: Env, tmp_path: Path) -> None:
+    """A stored track the memory cache cannot keep is refused once, not loaded again and
+    again."""
+    store = tmp_path / "store"
+    first = await env.relay(store=str(store), sweep_interval=0.05)
+    await _publish_and_go(env, first)
+    await first.stop()
+    env.relays.remove(first)
+    small = await env.relay(store=str(store), cache_bytes=8 << 10)
+    c = await env.client(small)
+    with pytest.raises(MoqtRequestError) as info:
+        await (await c.fetch(NS, b"k.raw.s0", location_filter=LocationFilter.none())).collect(5)
+    assert info.value.code == RequestErrorCode.DOES_NOT_EXIST
+    assert small.metrics.get("kvcs_relay_store_loads_total") == 1

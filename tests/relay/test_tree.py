@@ -145,3 +145,28 @@ async def test_several_upstreams_tried_in_order(env: Env) -> None:
     got = await res.collect(timeout=10)
     assert [bytes(o.payload) for o in got] == [payload(0, o, SIZE) for o in range(PER_GROUP)]
     assert edge.metrics.get("kvcs_relay_upstream_reconnects_total") == 1
+
+
+async def test_three_levels(env: Env) -> None:
+    """root <- mid <- edge A, root <- edge B: a publication at edge A is announced two hops
+    up and found and retrieved at edge B, three hops away."""
+    root = await env.relay()
+    mid = await env.relay(upstream=root)
+    edge_a = await env.relay(upstream=mid)
+    edge_b = await env.relay(upstream=root)
+    w = await env.client(edge_b)
+    watch = await w.subscribe_namespace(PREFIX)
+    pub = await env.client(edge_a)
+    await pub.announce(NS)
+    _publish(pub)
+    assert await watch.next(5) == (True, NS)
+    await _fetch(w, b"k.raw.s0")
+    for relay in (edge_a, mid, root, edge_b):  # each hop holds a copy
+        track = relay.cache.get((NS, b"k.raw.s0"))
+        assert track is not None and track.complete and track.bytes == TRACK_BYTES
+    assert _link(edge_a, "bytes_out", _up(edge_a)) == TRACK_BYTES
+    assert _link(mid, "bytes_out", _up(mid)) == TRACK_BYTES
+    pub.close()  # edge A holds what was pulled, complete: it keeps the publication
+    await pub.wait_closed()
+    await until(lambda: NS in edge_a.namespaces.retained)
+    assert await watch.next(0.3) is None

@@ -509,3 +509,19 @@ def test_write_window_interleaves_fill_streams_and_tracks_group_priority() -> No
     events = list(p.client.events())
     got = [(e.request_id, e.record.group_id) for e in events if hasattr(e, "record")]
     assert len(got) == 32
+
+
+def test_live_objects_behind_their_subgroup_stream_go_on_a_new_stream() -> None:
+    """A relay's track may receive a subgroup's objects out of order (its upstream sent
+    the subgroup on two streams that raced): the live stream never goes backwards; it ends
+    and the subgroup goes on in a new stream, every object delivered once."""
+    s = Served(Track(NS, b"t"))  # a cached (relay) track
+    s.p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.next_object()))
+    assert of_type(s.run(), ev.SubscribeAccepted)
+    got = s.add(_obj(0, 0), _obj(0, 3), _obj(0, 4), _obj(0, 1), _obj(0, 2), _obj(0, 5))
+    objs = of_type(got, ev.ObjectReceived)
+    assert sorted(o.location for o in objs) == [L(0, o) for o in range(6)]
+    streams = [o.stream_id for o in objs]
+    assert len(set(streams)) == 2  # 0, 3, 4 on one; 1, 2, 5 on the next
+    assert s.server.objects_sent == 6

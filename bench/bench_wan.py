@@ -1,0 +1,128 @@
+"""Long-haul benchmark (issue #28): a live KV cache through a relay whose consumer is at the
+far end of an impaired path, on kvcs's relay and on moq-dev/moq's relay (moq-ffi, the
+``interop`` extra), for each profile of :data:`bench.wanem.PROFILES` (RTT 20 and 80 ms x
+loss 0, 0.1 and 1% each way):
+
+    publisher -> relay -> kvcs-wanem (RTT/2 and loss each way) -> consumer
+
+Publisher and relay are on one site (loopback, unimpaired); the relay's QUIC stack sends
+the cache over the long path, so its congestion control is what is compared: qh3's
+controller on the kvcs relay, noq's (a quinn fork) on moq-dev's. Both carry the same kvcs
+traffic with the interop options of docs/interop.md (as the e2e suite's moq-dev
+comparison); kvcs parties send 1452-byte datagrams (a 1500-byte MTU), moq-dev's relay its
+own 1200 (:data:`bench._relays.MOQDEV_DATAGRAM`). Every run is on fresh sessions and a fresh
+relay (slow start included: a long-haul transfer pays it) and every byte delivered is
+checked (SHA-256 of every K and V byte against the publisher's arrays).
+
+Sizes are per loss rate (:data:`SIZES_MIB`: Reno-like senders reach ~MSS / RTT x 1.22 /
+sqrt(p), ~0.25 MiB/s at 80 ms and 1%); ``KVCS_BENCH_WAN_MIB`` sets one size for every
+profile (a smoke run). Figures: ``wan_goodput`` (per profile: MiB/s of each stack, the
+forwarder's loss counts), ``wan_ratio_vs_moqdev`` (kvcs / moq-dev at 80 ms and 0.1%),
+``wan_identical`` (every byte identical under every profile, both stacks), the forwarder's
+own capacity (a 1 s raw UDP blast) and the congestion control each QUIC library offers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from typing import Any
+
+from bench._kvcache import CacheSpec, move, tokens_for
+from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY
+from bench._relays import MOQDEV_DATAGRAM, moqdev_available, relay_process
+from bench.wanem import PROFILES, ForwarderUnavailable, Link, WanForwarder, blast, build
+from kvcs.transport import ensure_dev_certificate
+
+SIZES_MIB = {0.0: 32.0, 0.001: 16.0, 0.01: 4.0}
+"""Cache size per loss rate (MiB): a few seconds per run at 80 ms on a quiet machine."""
+SIZE_ENV = "KVCS_BENCH_WAN_MIB"
+RUN_TIMEOUT = 170.0
+"""Seconds each wait of a run may take (below the children's own deadline)."""
+HEADLINE = (80, 0.001)
+"""The profile of ``wan_ratio_vs_moqdev``."""
+
+CONGESTION_CONTROL = {
+    "qh3": "one built-in controller, not selectable: qh3 2.1.0's QuicConfiguration has no "
+           "congestion-control field (2.1.0 is the newest release)",
+    "aioquic": "reno (default) or cubic: QuicSettings.congestion_control",
+    "moq-dev": "noq (quinn fork) default controller, not configurable through moq-ffi",
+}
+
+
+def _key(rtt: int, loss: float) -> str:
+    return f"rtt{rtt}_loss{loss:g}"
+
+
+async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
+               seed: int) -> dict[str, Any]:
+    """One live transfer through a fresh relay of ``kind`` and a fresh forwarder."""
+    size = spec.datagram_size if kind == "kvcs" else None
+    with relay_process(kind, cert_dir, datagram_size=size) as relay:
+        port = int(relay.url.rsplit(":", 1)[1].strip("/"))
+        link = Link.profile(rtt, loss)
+        async with WanForwarder("127.0.0.1", port, seed=seed, up=link, down=link) as wan:
+            got = await move(relay.url, relay.pin, f"moqt://127.0.0.1:{wan.port}/", spec,
+                             RUN_TIMEOUT)
+        down, up = wan.down_counters, wan.up_counters
+    return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
+            "identical": got["identical"], "rejected": got["rejected"],
+            "lost_down": down.lost, "lost_up": up.lost, "datagrams_down": down.datagrams_in}
+
+
+def main() -> dict[str, Any]:
+    """Run every profile on both relays; print and return the figures."""
+    try:
+        build()
+    except ForwarderUnavailable as exc:
+        print(f"  skipped: {exc}")
+        return {"wan_note": f"skipped: {exc}"}
+    capacity = blast(seconds=1.0)
+    print(f"  kvcs-wanem alone: {capacity['mib_s']:.0f} MiB/s delivered of 1452-byte "
+          f"datagrams, {capacity['forwarder_cpu_ms_per_mib']:.2f} ms of CPU per MiB "
+          f"(load {capacity['load_average']})")
+    fixed = os.environ.get(SIZE_ENV)
+    moqdev = moqdev_available()
+    note = None if moqdev else "moq-ffi not installed (the interop extra): kvcs relay only"
+    goodput: dict[str, Any] = {}
+    identical = True
+    with tempfile.TemporaryDirectory() as cert_dir:
+        ensure_dev_certificate(cert_dir)
+        for n, (rtt, loss) in enumerate(PROFILES):
+            mib = float(fixed) if fixed else SIZES_MIB[loss]
+            spec = CacheSpec(tokens=tokens_for(mib, 16), live=True, interop=True,
+                             datagram_size=ETHERNET_DATAGRAM, first_token=8_000_000 + n)
+            row: dict[str, Any] = {"rtt_ms": rtt, "loss": loss,
+                                   "mib": round(spec.nbytes / (1 << 20), 1)}
+            kinds = ["kvcs", "moq-dev"] if moqdev else ["kvcs"]
+            for kind in kinds:
+                name = "kvcs" if kind == "kvcs" else "moqdev"
+                try:
+                    r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n))
+                except Exception as exc:  # a stack that fails a profile is a result
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    identical = False
+                    continue
+                identical = identical and r["identical"]
+                row.update({f"{name}_{k}": v for k, v in r.items()})
+            goodput[_key(rtt, loss)] = row
+            print(f"  RTT {rtt:3d} ms, loss {loss * 100:4.1f}%, {row['mib']:5.1f} MiB: "
+                  + ", ".join(f"{name} {row[name + '_mib_s']:7.2f} MiB/s"
+                              + ("" if row[name + "_identical"] else " (BYTES DIFFER)")
+                              if name + "_mib_s" in row else f"{name} failed"
+                              for name in ("kvcs", "moqdev") if any(
+                                  k.startswith(name) for k in row)), flush=True)
+    res: dict[str, Any] = {
+        "wan_goodput": goodput, "wan_identical": identical,
+        "wan_datagram_size": ETHERNET_DATAGRAM, "wan_moqdev_datagram_size": MOQDEV_DATAGRAM,
+        "wan_quic_library": QUIC_LIBRARY, "wan_congestion_control": CONGESTION_CONTROL,
+        "wan_forwarder": capacity, "wan_sizes_mib": {f"{k:g}": v for k, v in SIZES_MIB.items()}
+        if not fixed else float(fixed)}
+    head = goodput.get(_key(*HEADLINE), {})
+    if head.get("kvcs_mib_s") and head.get("moqdev_mib_s"):
+        res["wan_ratio_vs_moqdev"] = round(head["kvcs_mib_s"] / head["moqdev_mib_s"], 2)
+    if note:
+        res["wan_note"] = note
+    print(f"  bytes identical under every profile: {identical}")
+    return res
