@@ -38,6 +38,7 @@ def main(argv: list[str]) -> int:
         bench_secure,
         bench_transport,
         bench_tree,
+        bench_vllm,
         bench_wan,
     )
 
@@ -50,6 +51,7 @@ def main(argv: list[str]) -> int:
         "e2e": bench_e2e.main,
         "discovery": bench_discovery.main,
         "hf": bench_hf.main,
+        "vllm": bench_vllm.main,
         "secure": bench_secure.main,
         "tree": bench_tree.main,
         "wan": bench_wan.main,

@@ -46,7 +46,7 @@ async def _ttft(worker: Any, tokens: list[int], runs: int = RUNS) -> float:
 
 async def _run() -> dict[str, Any]:
     import hf_model
-    from vllm_run import Worker
+    from vllm_run import Worker, read_events
 
     from kvcs.kv.scopefile import ScopeFile
     from kvcs.testing import LocalNet
@@ -65,17 +65,21 @@ async def _run() -> dict[str, Any]:
         workers = {
             "none": await Worker.start("none", work, *common, "--role", "none"),
             "producer": await Worker.start("producer", work, *common, *kvcs,
-                                           "--role", "producer"),
+                                           "--role", "producer",
+                                           "--events", str(work / "producer.jsonl")),
             "consumer": await Worker.start("consumer", work, *common, *kvcs,
-                                           "--role", "consumer"),
+                                           "--role", "consumer",
+                                           "--events", str(work / "consumer.jsonl")),
             "example": await Worker.start("example", work, *common, "--role", "example-save",
                                           "--example-dir", str(work / "example")),
         }
         try:
             await asyncio.gather(*(w.ready() for w in workers.values()))
             warm = _prompt(999, 300)
-            for name, w in workers.items():  # first-run costs (allocation, page faults)
-                await w.generate(_prompt(998 + len(name), 300), max_tokens=1)
+            # first-run costs (allocation, page faults, the first load's set-up)
+            for i, w in enumerate(workers.values()):
+                await w.generate(_prompt(990 + i, 300), max_tokens=1)
+            await workers["consumer"].generate(_prompt(990 + 1, 300), max_tokens=1)  # a hit
             await workers["none"].generate(warm, max_tokens=1)
             curve = []
             for n in SIZES:
@@ -112,6 +116,11 @@ async def _run() -> dict[str, Any]:
             r["curve"] = curve
         finally:
             await asyncio.gather(*(w.close() for w in workers.values()))
+    loads = [e for e in read_events(work / "consumer.jsonl") if e["event"] == "load"]
+    r["load_s"] = {e["blocks"]: round(e["seconds"], 3) for e in loads}
+    r["failed_loads"] = sum(bool(e["failed_blocks"]) for e in loads)
+    pubs = [e for e in read_events(work / "producer.jsonl") if e["event"] == "publish"]
+    r["publish_s"] = {e.get("blocks"): round(e.get("seconds", 0), 3) for e in pubs}
     return r
 
 
@@ -138,6 +147,9 @@ def main() -> dict[str, Any]:
         "hit_cached_tokens": r["hit_cached"],
         "example_cached_tokens": r["example_cached"],
         "producer_prefill_s": round(r["producer_s"], 3),
+        "load_s_by_blocks": r["load_s"],
+        "publish_s_by_blocks": r["publish_s"],
+        "failed_loads": r["failed_loads"],
     }
     print(f"vLLM CPU ({res['model']}; {HEADLINE}-token prompt, relay on 127.0.0.1):")
     print(f"  TTFT speedup {res['vllm_ttft_speedup']:.2f} (target >= 3): own "

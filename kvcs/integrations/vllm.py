@@ -94,6 +94,8 @@ class LoadSpec:
     salt: str | None
     fields: tuple[bytes, ...]
     relay: int
+    published: int
+    """Blocks of the prompt the publication covers (at least ``end``)."""
     first: int
     end: int
     block_ids: list[int]
@@ -134,6 +136,11 @@ class _Load:
         self.future: Any = None
         self.started = time.perf_counter()
         self.error: str | None = None
+        self.arrival: dict[int, float] = {}
+        """layer -> when it was verified (seconds after the start)."""
+        self.waited = 0.0
+        """Seconds the forward pass waited for this load's layers."""
+        self.writing = 0.0
 
     def fail_rest(self, blocks: range, reason: str, partial: dict[int, Any] | None = None,
                   missing: dict[int, list[int]] | None = None) -> None:
@@ -284,8 +291,8 @@ class KvcsConnector(KVConnectorBase_V1):
             salt = self._salts.get(rid)
             if rid in self._to_load:
                 match, first, end = self._to_load.pop(rid)
-                meta.loads.append(LoadSpec(rid, tokens, salt, match.fields, match.relay, first,
-                                           end, block_ids[:end]))
+                meta.loads.append(LoadSpec(rid, tokens, salt, match.fields, match.relay,
+                                           match.blocks, first, end, block_ids[:end]))
                 self._loaded_blocks[rid] = end
             if self.is_producer and len(tokens) // B > self._loaded_blocks.get(rid, 0):
                 spec = SaveSpec(rid, tokens, salt, block_ids)
@@ -361,8 +368,10 @@ class KvcsConnector(KVConnectorBase_V1):
                 if not eps:
                     raise ConnectionError("no relay reachable")
                 ep = eps[min(spec.relay, len(eps) - 1)]
-                consumer = KvConsumer(eps, scope, self.descriptor, spec.tokens[:spec.end *
-                                                                               self.block_size],
+                # the prompt's Block Keys up to the publication's end (its segment 0 is
+                # checked whole), of which the first ``end`` blocks are loaded
+                tokens = spec.tokens[:spec.published * self.block_size]
+                consumer = KvConsumer(eps, scope, self.descriptor, tokens,
                                       secure=self.secure, keyring=self.keyring,
                                       # half the budget without progress: what is verified
                                       # is then reported before the whole budget is over
@@ -373,6 +382,7 @@ class KvcsConnector(KVConnectorBase_V1):
                 async with contextlib.aclosing(layers) as it:  # type: ignore[type-var]
                     async for layer in it:
                         load.data[layer.index] = (layer.k, layer.v)
+                        load.arrival[layer.index] = time.perf_counter() - load.started
                         load.arrived[layer.index].set()
         except RecomputeRequired as exc:
             load.fail_rest(blocks, exc.reason, exc.partial, exc.missing)
@@ -401,8 +411,12 @@ class KvcsConnector(KVConnectorBase_V1):
             if index in load.written:
                 continue
             # the retrieval is bounded by the budget; the margin covers a loaded machine
+            t0 = time.perf_counter()
             load.arrived[index].wait(self.settings.recompute_budget_s + 30)
+            t1 = time.perf_counter()
             self._write(load, index, kv)
+            load.waited += t1 - t0
+            load.writing += time.perf_counter() - t1
 
     def _write(self, load: _Load, index: int, kv: torch.Tensor) -> None:
         spec = load.spec
@@ -435,7 +449,10 @@ class KvcsConnector(KVConnectorBase_V1):
             self.events.write("load", req=spec.req_id, blocks=spec.end - spec.first,
                               first=spec.first, failed_blocks=failed,
                               failed_block_ids=sorted(spec.block_ids[b] for b in failed),
-                              seconds=time.perf_counter() - load.started, error=load.error)
+                              seconds=time.perf_counter() - load.started, error=load.error,
+                              first_layer_s=load.arrival.get(0),
+                              last_layer_s=max(load.arrival.values(), default=None),
+                              waited_s=load.waited, writing_s=load.writing)
             if failed:
                 log.warning("kvcs: request %s: %d of %d blocks failed (%s): vLLM recomputes "
                             "from block %d", spec.req_id, len(failed), spec.end - spec.first,

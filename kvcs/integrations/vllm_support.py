@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..endpoint import Endpoint
+from ..endpoint import Endpoint, MoqtRequestError
 from ..kv.cose import Keyring, ProducerKey
 from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
 from ..kv.scopefile import ScopeFile, ScopeFileError, load_scope_file
@@ -336,10 +336,10 @@ class Match:
 
 
 SETTLE_S = 0.05
-"""How long opening a scope's index waits for the NAMESPACE messages of what is published
-already: a kvcs relay sends the ones it knows right behind REQUEST_OK and forwards its
-upstream's as they come (a relay below another one asks it first: measured 5-40 ms on the
-loaded loopback). Only the first lookup of a scope in a process waits this."""
+"""What opening a scope's index waits for the NAMESPACE messages of what is published already
+when the relay does not take the REQUEST_UPDATE that confirms the list is whole
+(:meth:`~kvcs.endpoint.NamespaceWatch.sync`; a kvcs relay does, and a relay below another
+one answers it once its upstream did)."""
 
 
 class ScopeIndex:
@@ -363,8 +363,14 @@ class ScopeIndex:
     async def open(self, timeout: float) -> None:
         """Subscribe and take what is published now (within ``timeout``)."""
         watch = await asyncio.wait_for(self.endpoint.subscribe_namespace(self.prefix), timeout)
-        while (change := await watch.next(SETTLE_S)) is not None:
-            self._take(*change)
+        try:  # one round trip: the relay answers after the NAMESPACEs of all it knows
+            await asyncio.wait_for(watch.sync(), timeout)
+        except (TimeoutError, MoqtRequestError) as exc:
+            log.info("kvcs: namespace list not confirmed whole (%s)", exc or "no answer")
+            await asyncio.sleep(SETTLE_S)
+        for ns in list(watch.current):
+            self._take(True, ns)
+        # the changes queued so far (the same namespaces) and every later one
         self.task = asyncio.ensure_future(self._follow(watch))
 
     async def _follow(self, watch: Any) -> None:

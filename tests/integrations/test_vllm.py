@@ -93,7 +93,8 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
         try:
             await asyncio.gather(producer.ready(), consumer.ready())
             prompts = [prompt(i, PUBLISHED_BLOCKS * BLOCK + 10) for i in range(3)]
-            for p in prompts:  # each returns once the relay holds the publication
+            exact = prompt(3, PUBLISHED_BLOCKS * BLOCK)  # its last block holds its last token
+            for p in [*prompts, exact]:  # each returns once the relay holds the publication
                 await producer.generate(p, max_tokens=1)
             published = [e for e in read_events(tmp / "p.jsonl") if e["event"] == "publish"]
             out["published"] = published
@@ -103,6 +104,8 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
                 full = p + prompt(100, 30)
                 out[name + "_own"] = await consumer.generate(full, cache_salt="another-tenant")
                 out[name] = await consumer.generate(full)
+            out["exact_own"] = await consumer.generate(exact, cache_salt="another-tenant")
+            out["exact"] = await consumer.generate(exact)
             out["miss"] = await consumer.generate(prompt(200, PUBLISHED_BLOCKS * BLOCK + 40))
         finally:
             await asyncio.gather(producer.close(), consumer.close())
@@ -120,8 +123,16 @@ def _loads(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_publications_handed_over(run: dict[str, Any]) -> None:
-    assert len(run["published"]) == 3
+    assert len(run["published"]) == 4
     assert all(e.get("blocks") == PUBLISHED_BLOCKS for e in run["published"])
+
+
+def test_prompt_ending_on_a_block_boundary(run: dict[str, Any]) -> None:
+    """The consumer's prompt is the published one: all blocks but the last are loaded (the
+    last token is computed), checked against the whole publication's Block Keys."""
+    assert run["exact"]["tokens"] == run["exact_own"]["tokens"]
+    assert run["exact"]["num_cached_tokens"] == (PUBLISHED_BLOCKS - 1) * BLOCK
+    assert _loads(run)[3]["failed_blocks"] == []
 
 
 def test_hit_identical_tokens_and_cached_tokens(run: dict[str, Any]) -> None:
@@ -131,10 +142,10 @@ def test_hit_identical_tokens_and_cached_tokens(run: dict[str, Any]) -> None:
 
 
 def test_other_cache_salt_gets_no_hit(run: dict[str, Any]) -> None:
-    for name in ("clean", "tampered", "withheld"):
+    for name in ("clean", "tampered", "withheld", "exact"):
         assert run[name + "_own"]["num_cached_tokens"] == 0
     salted = [e for e in run["events"] if e["event"] == "lookup" and e["salt"]]
-    assert len(salted) == 3 and all(e["blocks"] == 0 for e in salted)
+    assert len(salted) == 4 and all(e["blocks"] == 0 for e in salted)
 
 
 def test_tampered_object_recomputed(run: dict[str, Any]) -> None:
@@ -154,7 +165,7 @@ def test_miss_costs_one_lookup_and_no_load(run: dict[str, Any]) -> None:
     forward pass."""
     assert run["miss"]["num_cached_tokens"] == 0
     lookups = [e for e in run["events"] if e["event"] == "lookup"]
-    assert len(lookups) == 7
-    assert [e["round_trips"] for e in lookups] == [1, 0, 0, 0, 0, 0, 0]  # salted one first
+    assert len(lookups) == 9
+    assert [e["round_trips"] for e in lookups] == [1] + [0] * 8  # the salted scope's first
     assert lookups[-1]["blocks"] == 0
-    assert len(_loads(run)) == 3  # the three hits only
+    assert len(_loads(run)) == 4  # the hits only
