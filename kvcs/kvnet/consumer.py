@@ -273,10 +273,16 @@ class KvConsumer:
         manifest passes its checks (CompatID, Block Keys, signature); the others are
         discarded (:attr:`discarded`). With ``discovery="prefix"`` the probes go on with
         shorter prefixes while none is usable."""
+        t0, sent = time.perf_counter(), self.stats.discovery_requests
         if self.discovery == "prefix" and (endpoint is not None or self.endpoints):
             found = await self.finder.probe(max_blocks, endpoint, usable=self._first_usable)
-            return found[0] if found else None
-        return await self._first_usable(await self.lookup(max_blocks, endpoint))
+            pub = found[0] if found else None
+        else:
+            pub = await self._first_usable(await self.lookup(max_blocks, endpoint))
+        log.info("discovery: %s in %.1f ms (%d request(s))",
+                 f"{pub.prefix_blocks} block(s)" if pub else "nothing", 1000 *
+                 (time.perf_counter() - t0), self.stats.discovery_requests - sent)
+        return pub
 
     async def lookup(self, max_blocks: int | None = None,
                      endpoint: Endpoint | None = None) -> list[Publication]:
