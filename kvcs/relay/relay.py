@@ -522,8 +522,7 @@ class _Retention:
 
     def pinned(self, track: Track) -> bool:
         link = self.relay.links.feeding(track)
-        return link is not None and bool(
-            self.relay.requests.on_link(link, RelayedState.SERVED))
+        return link is not None and self.relay.requests.feeds_served(link)
 
     def fed(self, track: Track) -> bool:
         return self.relay.links.feeding(track) is not None

@@ -95,6 +95,10 @@ class RelayedRequests:
         given), oldest first."""
         return [r for r in self._by_link.get(link, ()) if state is None or r.state is state]
 
+    def feeds_served(self, link: Link) -> bool:
+        """True while ``link`` feeds some request being served (its track is followed)."""
+        return any(r.state is RelayedState.SERVED for r in self._by_link.get(link, ()))
+
     def needs(self, link: Link) -> bool:
         """True while some request waits for or is fed by ``link``."""
         return bool(self._by_link.get(link))

@@ -42,6 +42,8 @@ class DiskTier:
         self._saving: asyncio.Task[None] | None = None
         self._loads: dict[FullTrackName, list[tuple[RelaySession, ev.RequestReceived]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unwritable: set[FullTrackName] = set()
+        """Tracks whose file could not be written (disk full...): not tried every sweep."""
         self._rerouting: set[FullTrackName] = set()
         """Tracks whose waiting requests are being routed again after a load: if the
         cache could not keep the track (larger than its budget), they go on without the
@@ -93,7 +95,8 @@ class DiskTier:
         for tracks in by_ns.values():
             if all(t.complete for t in tracks):
                 out += [t for t in tracks if t.count and not t.origin
-                        and not self.store.has(t.full_name)]
+                        and not self.store.has(t.full_name)
+                        and t.full_name not in self._unwritable]
         return out
 
     def _save_next(self) -> bool:
@@ -112,7 +115,8 @@ class DiskTier:
             try:
                 await asyncio.to_thread(Store.write, plan)
             except OSError as exc:
-                log.error("store: cannot write %s: %s", plan.path, exc)
+                log.error("store: cannot write %s: %s (not retried)", plan.path, exc)
+                self._unwritable.add(plan.key)
                 return
             self.store.commit(plan)
             self.saved += 1

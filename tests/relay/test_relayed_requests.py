@@ -26,11 +26,12 @@ def test_a_request_waits_then_is_served_then_ends() -> None:
     r = table.wait(peer, _req(2), link)
     f = table.wait(peer, _req(4, Fetch), link)
     assert r.state is RelayedState.WAITING and table.needs(link)
+    assert not table.feeds_served(link)
     assert (table.open_requests(peer), table.open_fetches(peer)) == (2, 1)
     assert table.on_link(link, RelayedState.WAITING) == [r, f]
     served = table.serve(peer, r.event, link)
     assert served is r and r.state is RelayedState.SERVED
-    assert table.on_link(link, RelayedState.SERVED) == [r]
+    assert table.on_link(link, RelayedState.SERVED) == [r] and table.feeds_served(link)
     table.end(f)
     assert f.state is RelayedState.ENDED and table.open_fetches(peer) == 0
     table.detach(r)  # its link ended: the track stays, the request is served on

@@ -4,6 +4,7 @@ are skipped and logged; the budget evicts least recently used publications."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -153,3 +154,28 @@ async def test_stored_track_larger_than_the_cache(env: Env, tmp_path: Path) -> N
         await (await c.fetch(NS, b"k.raw.s0", location_filter=LocationFilter.none())).collect(5)
     assert info.value.code == RequestErrorCode.DOES_NOT_EXIST
     assert small.metrics.get("kvcs_relay_store_loads_total") == 1
+
+
+async def test_unwritable_store_is_logged_once_per_track(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk: each completed track is tried once and logged, not every sweep; the
+    relay goes on serving from memory."""
+    import errno
+
+    def full(_plan: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Store, "write", staticmethod(full))
+    caplog.set_level(logging.ERROR, logger="kvcs.relay.tier")
+    relay = await env.relay(store=str(tmp_path / "store"), sweep_interval=0.02)
+    pub = await env.client(relay)
+    await pub.announce(NS)
+    _publish(pub)
+    await pub.hand_over(NS, timeout=10)
+    await until(lambda: len(caplog.records) >= len(NAMES), 10)
+    await asyncio.sleep(0.2)  # ten more sweeps
+    assert len(caplog.records) == len(NAMES)
+    assert relay.tier is not None and not relay.tier.store.entries
+    c = await env.client(relay)
+    assert await _fetch_all(c, b"k.raw.s0")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from kvcs.endpoint import Endpoint
-from kvcs.moqt.wire import LocationFilter, ObjectStatus
+from kvcs.moqt.wire import Location, LocationFilter, ObjectStatus
 from kvcs.relay import Relay
 from kvcs.testing import until
 
@@ -170,3 +170,36 @@ async def test_three_levels(env: Env) -> None:
     await pub.wait_closed()
     await until(lambda: NS in edge_a.namespaces.retained)
     assert await watch.next(0.3) is None
+
+
+async def test_join_mid_layer_shares_the_upstream_subscription(env: Env) -> None:
+    """Live: a consumer at edge 2 follows a track published at edge 1; a second one joins
+    at edge 2 while a group is half produced. Both get every object once; edge 2's link
+    to the root carried one copy."""
+    root = await env.relay()
+    e1, e2 = [await env.relay(upstream=root) for _ in range(2)]
+    pub = await env.client(e1)
+    await pub.announce(NS)
+    track = pub.create_track(NS, b"k.raw.s0")
+    first, second = await env.client(e2), await env.client(e2)
+    s1 = await first.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+    t1 = asyncio.create_task(s1.collect(timeout=15))
+    publish_group(pub, track, 0, PER_GROUP, SIZE)
+    for o in range(PER_GROUP // 2):
+        pub.publish(track, 1, o, payload(1, o, SIZE))
+    await until(lambda: (c := e2.cache.get((NS, b"k.raw.s0"))) is not None
+                and c.get(Location(1, PER_GROUP // 2 - 1)) is not None)
+    s2 = await second.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
+    t2 = asyncio.create_task(s2.collect(timeout=15))
+    for o in range(PER_GROUP // 2, PER_GROUP):
+        pub.publish(track, 1, o, payload(1, o, SIZE))
+    pub.publish(track, 1, PER_GROUP, b"", status=ObjectStatus.END_OF_GROUP)
+    end_track(pub, track, 2)
+    for got in await asyncio.gather(t1, t2):
+        normal = [(o.group_id, o.object_id) for o in got if o.status == ObjectStatus.NORMAL]
+        assert sorted(normal) == [(g, o) for g in range(2) for o in range(PER_GROUP)]
+        assert len(normal) == len(set(normal))
+        assert all(bytes(o.payload) == payload(o.group_id, o.object_id, SIZE)
+                   for o in got if o.status == ObjectStatus.NORMAL)
+    assert _link(e2, "bytes_in", _up(e2)) == 2 * PER_GROUP * SIZE
+    assert pub.server.bytes_sent == 2 * PER_GROUP * SIZE
