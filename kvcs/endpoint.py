@@ -228,6 +228,18 @@ class NamespaceWatch:
         except (TimeoutError, StopAsyncIteration):
             return None
 
+    def received(self) -> list[tuple[bool, TrackNamespace]]:
+        """The changes received and not yet iterated, in arrival order (they are taken:
+        iteration goes on after them)."""
+        out: list[tuple[bool, TrackNamespace]] = []
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is _END:
+                self._queue.put_nowait(_END)
+                break
+            out.append(item)
+        return out
+
     async def sync(self) -> None:
         """Send a REQUEST_UPDATE that changes nothing and wait for its REQUEST_OK. The peer
         answers it on the request's stream after the NAMESPACE messages of what it held

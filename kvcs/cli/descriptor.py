@@ -185,7 +185,7 @@ def run_sample(args: argparse.Namespace) -> int:
     k = rng.standard_normal(shape, dtype=np.float32).astype(desc.dtype)
     v = rng.standard_normal((*shape[:3], desc.v_shape()[2]), dtype=np.float32).astype(desc.dtype)
     try:
-        np.save(args.tokens_out, tokens)
+        _save_npy(args.tokens_out, tokens)
         save_stacked_kv(args.kv_out, k, v)
     except (OSError, FileFormatError) as exc:
         raise UsageError(str(exc)) from None
@@ -193,3 +193,20 @@ def run_sample(args: argparse.Namespace) -> int:
     print(f"wrote {args.tokens} token IDs to {args.tokens_out} and a {desc.layers}-layer "
           f"K/V cache of them ({mib:.1f} MiB) to {args.kv_out}")
     return 0
+
+
+def _save_npy(path: str, array: Any) -> None:
+    """``np.save`` through a temporary name (``.npy`` appended as np.save does): a failed
+    write leaves nothing under ``path``."""
+    import os
+
+    import numpy as np
+
+    target = Path(path if path.endswith(".npy") else path + ".npy")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            np.save(f, array)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)

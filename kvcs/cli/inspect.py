@@ -57,10 +57,17 @@ def run_inspect(args: argparse.Namespace) -> int:
         ep = await connect_relay(args)
         try:
             watch = await ep.subscribe_namespace(prefix)
-            found = []
-            while (change := await watch.next(0.3)) is not None:
-                if change[0]:
-                    found.append(change[1])
+            try:  # the relay confirms after the NAMESPACEs of all it holds: one round trip
+                await asyncio.wait_for(watch.sync(), 5)
+            except (MoqtRequestError, TimeoutError):
+                await asyncio.sleep(0.3)  # a relay that does not: what came by then
+            listed: dict[Any, None] = {}  # in the relay's order
+            for added, ns in watch.received():
+                if added:
+                    listed[tuple(ns)] = None
+                else:
+                    listed.pop(tuple(ns), None)
+            found = list(listed)
             await watch.cancel()
             print(f"{len(found)} publication(s) under scope {sid.hex()}")
             print_trust(secure is not None, keyring is not None)

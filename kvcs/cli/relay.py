@@ -47,7 +47,8 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
                    help="drop a connection silent this long (QUIC idle timeout, default 30; "
                         "the smaller of both ends' applies)")
     p.add_argument("--keep-alive", type=float, metavar="SECONDS",
-                   help="PING a quiet peer after this long (default: never; clients ping)")
+                   help="PING a quiet peer after this long (default: never; clients ping, and "
+                        "so does the relay's upstream session)")
     p.add_argument("--quic-preset", choices=["default", "loopback"],
                    help="default: datagram size per client (the QUIC library's largest to "
                         "clients on loopback, 1350 bytes to others); loopback: the largest "
@@ -142,8 +143,11 @@ def _relay_settings(cfg: Any) -> Any:
 
     try:
         settings = QuicSettings.for_path(mtu=cfg.mtu, preset=cfg.quic_preset)
+        # no --keep-alive: automatic (None), so the relay does not ping its clients but its
+        # own upstream session, a client, still does (0 here cut an edge off its upstream
+        # after every idle timeout)
         return dataclasses.replace(settings, idle_timeout=cfg.idle_timeout,
-                                   keep_alive_s=cfg.keep_alive or 0)
+                                   keep_alive_s=cfg.keep_alive or None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

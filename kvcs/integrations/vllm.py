@@ -187,6 +187,8 @@ class KvcsConnector(KVConnectorBase_V1):
         self.is_producer = bool(tc.is_kv_producer)
         self.is_consumer = bool(tc.is_kv_consumer)
         self.bg = background_loop()
+        if (cores := _transfer_cores()):
+            self.bg.pin(cores)
         self.relays = relays_for(self.settings)
         self.events = EventLog(self.settings.events)
         self.secure = self.settings.secure()
@@ -519,6 +521,21 @@ class KvcsConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         return None
+
+
+def _transfer_cores() -> list[int]:
+    """On vLLM's CPU backend, the last core of each NUMA node: the ones its automatic
+    OpenMP binding leaves to other work (vLLM's NIXL connector runs its transfers there
+    too). Empty elsewhere."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    try:
+        topology = current_platform.discover_numa_topology()
+    except Exception:  # not every CPU platform can tell
+        return []
+    return [max(cores) for cores in topology if cores]
 
 
 def _layer_index(name: str) -> int:

@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -210,6 +211,19 @@ class BackgroundLoop:
         self.thread = threading.Thread(target=self.loop.run_forever, name="kvcs-vllm",
                                        daemon=True)
         self.thread.start()
+
+    def pin(self, cpus: Sequence[int]) -> None:
+        """Run the loop's thread on ``cpus`` only (vLLM's CPU backend binds its OpenMP
+        threads to the other cores and reserves these; the thread inherits the forward
+        pass's core otherwise, and every byte received would then wait for the forward
+        pass, or hold it up)."""
+        def pin_this_thread() -> None:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except (OSError, AttributeError, ValueError) as exc:
+                log.info("kvcs: cannot pin the transfer thread to CPUs %s: %s", cpus, exc)
+
+        self.loop.call_soon_threadsafe(pin_this_thread)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -58,7 +58,10 @@ Procedures (kvcs-draft "Consumer Procedures"):
 * bounded waits ("SHOULD bound recovery by recompute time"): the transfer gives up after
   ``recompute_budget_s`` without progress (an object or container verified and placed, a
   newer manifest version), measured from the start of the retrieval and restarted by each
-  progress; recovery then has ``recompute_budget_s`` from its own start. Reading a
+  progress as of its ARRIVAL (not when it was verified: objects may wait for their batch's
+  SHA-256 and for the event loop); recovery then has ``recompute_budget_s`` from when the
+  transfer's ran out, so the answer comes at most two budgets after the last byte that
+  made progress (:attr:`ConsumerStats.last_progress_at`). Reading a
   manifest, a namespace subscription and an index lookup are bounded by the same budget.
   What was verified is kept: :attr:`RecomputeRequired.partial`;
 * interrupted transfers: when a subscription or fetch loses its source (the session ends,
@@ -83,7 +86,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -194,6 +197,10 @@ class KvConsumer:
         self.relay_profile = RelayProfile.resolve(relay_profile)
         """How data tracks are retrieved through the relay (:mod:`kvcs.kvnet.relay_profile`)."""
         self.compat_id = self.descriptor.compat_id
+        # the element type resolved now, not on the first object: its first use imports
+        # ml_dtypes (0.45 s on a quiet 2-core machine, 1.8-4 s measured loaded), which
+        # stalled the event loop in the middle of a transfer (issue #27)
+        self.descriptor.dtype  # noqa: B018
         self.scope_id = scope_id(scope)
         self.keys = block_keys(scope, self.compat_id, np.asarray(tokens, dtype=np.int64),
                                self.descriptor.block_tokens)
@@ -266,9 +273,16 @@ class KvConsumer:
         manifest passes its checks (CompatID, Block Keys, signature); the others are
         discarded (:attr:`discarded`). With ``discovery="prefix"`` the probes go on with
         shorter prefixes while none is usable."""
+        t0, sent = time.perf_counter(), self.stats.discovery_requests
         if self.discovery == "prefix" and (endpoint is not None or self.endpoints):
-            return await self._probe(max_blocks, endpoint, usable=True)
-        return await self._first_usable(await self.lookup(max_blocks, endpoint))
+            found = await self.finder.probe(max_blocks, endpoint, usable=self._first_usable)
+            pub = found[0] if found else None
+        else:
+            pub = await self._first_usable(await self.lookup(max_blocks, endpoint))
+        log.info("discovery: %s in %.1f ms (%d request(s))",
+                 f"{pub.prefix_blocks} block(s)" if pub else "nothing", 1000 *
+                 (time.perf_counter() - t0), self.stats.discovery_requests - sent)
+        return pub
 
     async def lookup(self, max_blocks: int | None = None,
                      endpoint: Endpoint | None = None) -> list[Publication]:
@@ -281,7 +295,8 @@ class KvConsumer:
         answered by then counts as nothing found)."""
         try:
             async with asyncio.timeout(self.recompute_budget_s):
-                return await self._lookup(max_blocks, endpoint)
+                return await self.finder.lookup(self.discovery, max_blocks, endpoint,
+                                                fence=self.relay_profile.namespace_sync)
         except TimeoutError:
             log.warning("discovery unanswered within %.1f s (recompute budget)",
                         self.recompute_budget_s)
@@ -296,58 +311,11 @@ class KvConsumer:
         budget = self.recompute_budget_s if budget_s is None else budget_s
         try:
             async with asyncio.timeout(budget):
-                found = await self._lookup(None, None)
+                found = await self.finder.lookup(self.discovery, None, None,
+                                                 fence=self.relay_profile.namespace_sync)
         except TimeoutError:
             return None
         return found[0] if found else None
-
-    async def _lookup(self, max_blocks: int | None,
-                      endpoint: Endpoint | None) -> list[Publication]:
-        use_index = endpoint is None and self.discovery in ("index", "index-first")
-        use_moqt = endpoint is not None or (bool(self.endpoints) and
-                                            self.discovery != "index")
-        if self.discovery == "prefix":
-            return await self._probe(max_blocks, endpoint) if use_moqt else []
-        lookups = []
-        if use_index:
-            lookups.append(self.finder.index_publications(max_blocks))
-        if use_moqt:
-            lookups.append(self._listing(max_blocks, endpoint))
-        found = await asyncio.gather(*lookups)
-        pubs: list[Publication] = []
-        for some in found:
-            pubs += [p for p in some if p not in pubs]
-        return pubs
-
-    async def _listing(self, max_blocks: int | None,
-                       endpoint: Endpoint | None) -> list[Publication]:
-        ep = await self.pool.open(endpoint or self.endpoint)
-        return await self.finder.listed_publications(
-            ep, max_blocks, fence=self.relay_profile.namespace_sync)
-
-    async def _probe(self, max_blocks: int | None, endpoint: Endpoint | None, *,
-                     usable: bool = False) -> Any:
-        """Prefix probing: the publications of the longest prefix that has any (with
-        ``usable``: the first usable publication of the longest prefix that has one),
-        within ``recompute_budget_s`` in all."""
-        ep = await self.pool.open(endpoint or self.endpoint)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.recompute_budget_s
-        n = min(len(self.keys), max_blocks or len(self.keys))
-        while n >= 1:
-            if loop.time() > deadline:
-                log.warning("prefix probing stopped at the recompute budget (%.1f s), "
-                            "%d prefix length(s) not probed", self.recompute_budget_s, n)
-                break
-            pubs = await self.finder.publications_at(ep, n)
-            if usable:
-                pub = await self._first_usable(pubs)
-                if pub is not None:
-                    return pub
-            elif pubs:
-                return pubs
-            n -= 1
-        return None if usable else []
 
     async def _first_usable(self, pubs: Sequence[Publication]) -> Publication | None:
         for pub in pubs:

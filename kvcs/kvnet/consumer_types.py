@@ -65,6 +65,9 @@ class ConsumerStats(AssemblyStats):
     finished_at: float | None = None
     manifest_versions: int = 0
     """Manifest versions read (the first one and every newer one followed)."""
+    last_progress_at: float | None = None
+    """When the newest object that was verified and placed arrived (``time.monotonic()``):
+    the recompute budget runs from there."""
     discovery_requests: int = 0
     """MOQT requests and KVSP Index lookups sent by discovery (one per lookup by default;
     one per prefix length probed with ``discovery="prefix"``)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..endpoint import Endpoint, MoqtRequestError
@@ -57,6 +57,55 @@ class Discovery:
         self.pool = pool
         self.index = index
         self.stats = stats
+
+    async def lookup(self, mode: str, max_blocks: int | None, endpoint: Endpoint | None, *,
+                     fence: bool = True) -> list[Publication]:
+        """The publications covering a prefix of the prompt, the longest first, from one
+        lookup as ``mode`` (``KvConsumer.discovery``) says: ``endpoint`` (default the
+        pool's first) is asked alone when given; ``"index-first"`` asks the index and the
+        relay at once, the index's publications first; ``"prefix"`` probes (:meth:`probe`).
+        ``fence``: the relay confirms listings (:meth:`listed_publications`)."""
+        use_index = endpoint is None and mode in ("index", "index-first")
+        use_moqt = endpoint is not None or (bool(self.pool.endpoints) and mode != "index")
+        if mode == "prefix":
+            return await self.probe(max_blocks, endpoint) if use_moqt else []
+        lookups = []
+        if use_index:
+            lookups.append(self.index_publications(max_blocks))
+        if use_moqt:
+            ep = await self.pool.open(endpoint or self.pool.endpoints[0])
+            lookups.append(self.listed_publications(ep, max_blocks, fence=fence))
+        found = await asyncio.gather(*lookups)
+        pubs: list[Publication] = []
+        for some in found:
+            pubs += [p for p in some if p not in pubs]
+        return pubs
+
+    async def probe(self, max_blocks: int | None, endpoint: Endpoint | None, *,
+                    usable: Callable[[list[Publication]], Awaitable[Publication | None]]
+                    | None = None) -> list[Publication]:
+        """Prefix probing, from the longest prefix down, within ``budget`` in all: the
+        publications of the longest prefix that has any; with ``usable`` (which returns
+        the first usable one of a list, or None), the first usable publication of the
+        longest prefix that has one (a list of one, or empty)."""
+        ep = await self.pool.open(endpoint or self.pool.endpoints[0])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.budget
+        n = min(len(self.keys), max_blocks or len(self.keys))
+        while n >= 1:
+            if loop.time() > deadline:
+                log.warning("prefix probing stopped at the recompute budget (%.1f s), "
+                            "%d prefix length(s) not probed", self.budget, n)
+                break
+            pubs = await self.publications_at(ep, n)
+            if usable is not None:
+                pub = await usable(pubs)
+                if pub is not None:
+                    return [pub]
+            elif pubs:
+                return pubs
+            n -= 1
+        return []
 
     def prefix(self, n: int) -> tuple[bytes, ...]:
         """The namespace prefix of the publications of the prompt's first ``n`` blocks."""
@@ -143,7 +192,12 @@ class Discovery:
                              "arrived", exc or "no answer")
             else:
                 await asyncio.sleep(self.answer_wait)
-            listed = list(watch.current)
+            listed: dict[tuple[bytes, ...], None] = {}  # in arrival order: first-found first
+            for added, ns in watch.received():
+                if added:
+                    listed[tuple(ns)] = None
+                else:
+                    listed.pop(tuple(ns), None)
         finally:
             await watch.cancel()
         pubs: list[Publication] = []

@@ -116,6 +116,16 @@ class PublisherOptions:
     secure: SecureObjects | None = None
     secure_in_band: bool = False
 
+    def __post_init__(self) -> None:
+        # a negative retention cannot be encoded: it failed in three tasks at once, and
+        # the publisher then waited the whole hand-over timeout (300 s measured)
+        if self.retention_s is not None and self.retention_s <= 0:
+            raise PublicationError(f"retention_s must be positive (seconds) or None, got "
+                                   f"{self.retention_s:g}")
+        if self.hand_over_s is not None and self.hand_over_s <= 0:
+            raise PublicationError(f"hand_over_s must be positive or None, got "
+                                   f"{self.hand_over_s:g}")
+
 
 @dataclass
 class _SegmentState:

@@ -53,7 +53,7 @@ class Retrieval:
         self.absolute = absolute
         """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
         self.into = into
-        self.progress = Progress()
+        self.progress = Progress(consumer.stats)
         self.intake = Intake()
         self.source: Endpoint = consumer.source(pub)
         """The endpoint the retrieval uses now."""
@@ -177,6 +177,7 @@ class Retrieval:
             # transfer: wait while anything feeds or objects wait for their content key
             # (until add_content_key or their key_wait_s), at most ``budget`` without
             # progress; a run whose source was lost goes on elsewhere (_resume)
+            settled: float | None = None
             while True:
                 self._release_held()
                 for layer in self.ready():
@@ -185,6 +186,11 @@ class Retrieval:
                 if self.done:
                     break
                 left = self.progress.last + budget - self.progress.loop.time()
+                if left <= 0 and self.intake.pending and settled != self.progress.last:
+                    # what arrived in time counts from its arrival: judge it first (once)
+                    settled = self.progress.last
+                    await self.intake.settle()
+                    continue
                 if left <= 0:
                     log.warning("no progress for %.1f s (recompute budget): recovering", budget)
                     break
@@ -201,8 +207,11 @@ class Retrieval:
             for layer in self.ready():
                 yield layer
             if not self.done:
+                # recovery has one budget from when the transfer's ran out (from the
+                # arrival of the last progress), not from when this loop noticed
+                start = min(time.monotonic(), self.progress.last + budget)
                 async with contextlib.aclosing(
-                        recover(self, alternates, time.monotonic() + budget)) as recovered:
+                        recover(self, alternates, start + budget)) as recovered:
                     async for layer in recovered:
                         yield layer
             if not self.done:

@@ -41,6 +41,23 @@ def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:
     return host, p
 
 
+def check_url_port(url: str, what: str) -> None:
+    """ConfigError for a moqt:// URL without a port, or with a bad one (a relay has no
+    usual port: a missing one used to time out silently on 443)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{what} {url}: bad port") from None
+    if not parts.hostname:
+        raise ConfigError(f"{what} {url}: no host")
+    if port is None and parts.scheme == "moqt":
+        raise ConfigError(f"{what} {url}: no port; give the relay's, e.g. "
+                          f"moqt://{parts.hostname}:4443/")
+
+
 def check_certificate(certfile: str, keyfile: str) -> None:
     """ConfigError unless ``certfile`` and ``keyfile`` are a PEM certificate chain and its
     private key (checked before listening: a bad pair would fail every handshake)."""
@@ -199,6 +216,7 @@ class RelayConfig:
         for url in self.upstreams():
             if not isinstance(url, str) or not url.startswith(("moqt://", "https://")):
                 raise ConfigError(f"--upstream must be a moqt:// or https:// URL: {url}")
+            check_url_port(url, "--upstream")
         if self.store_bytes <= 0:
             raise ConfigError("--store-bytes must be positive")
         if self.store and Path(self.store).exists() and not Path(self.store).is_dir():

@@ -204,6 +204,9 @@ class Namespaces:
         prefix = self.origin.unwatch(session, request_id)
         if prefix is None:
             return False
+        for uid, (waiting, e) in list(self._syncs.items()):
+            if waiting is session and e.request_id == request_id:
+                del self._syncs[uid]  # nobody to answer when the upstream does
         up = self.upstream
         if up is None or self.origin.is_watched(prefix):
             return True

@@ -5,6 +5,7 @@ holds the publication, and directly from a publisher's endpoint; ``kvcs fetch`` 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -108,9 +109,12 @@ async def test_listing_from_a_publishers_own_endpoint(net: LocalNet) -> None:
 
 
 async def test_fetch_of_a_long_miss_exits_at_once(net: LocalNet, tmp_path: Path) -> None:
-    """``kvcs fetch --recompute-budget 1`` on a 4096-token prompt nobody published: "no
-    publication" well within the 1.5 s the issue asks for (it took 26-27 s, one 0.1 s
-    probe per block); the bound here is generous, the request count is the contract."""
+    """``kvcs fetch --recompute-budget 1`` on a 4096-token prompt nobody published says
+    "no publication" after one request, its discovery within the 1.5 s the issue asks for
+    (it took 26-27 s, one 0.1 s probe per block). The process's start-up is not the
+    lookup: importing kvcs, numpy and a QUIC library took 3.7-16 s of wall time here at
+    load 9 on 2 cores, so the whole run gets a generous bound (probing these 1024 blocks
+    would take 100 s) and the discovery's own time, which the command logs, the 1.5 s."""
     relay = await net.relay()
     await _publish(await net.client(relay), PUBLISHED)
     f = cli_inputs(tmp_path)
@@ -121,9 +125,11 @@ async def test_fetch_of_a_long_miss_exits_at_once(net: LocalNet, tmp_path: Path)
         "fetch", "--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile",
         str(net.cert.certfile), "--descriptor", f["desc"], "--scope-key", f["scope"],
         "--loopback", "--tokens", str(tmp_path / "other.npy"), "--recompute-budget", "1",
-        "--out", str(tmp_path / "x.npz"))
+        "--log-level", "info", "--out", str(tmp_path / "x.npz"))
     took = time.monotonic() - t0
     assert rc == 1 and "no publication" in err, err
     assert _namespace_requests(relay) - before == 1
-    # the process's start-up (imports) dominates; the lookup itself is one round trip
-    assert took < 10, took
+    found = re.search(r"discovery: nothing in ([0-9.]+) ms \((\d+) request", err)
+    assert found is not None, err
+    assert float(found[1]) < 1500 and int(found[2]) == 1, found[0]
+    assert took < 60, took

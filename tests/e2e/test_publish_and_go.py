@@ -91,3 +91,12 @@ async def test_kvcs_publish_exits_once_the_relay_holds_it(net: LocalNet,
         for i, (k, v) in enumerate(data):
             assert np.array_equal(z[f"k.{i}"], k.view(np.uint16))
             assert np.array_equal(z[f"v.{i}"], v.view(np.uint16))
+
+
+def test_options_refuse_a_retention_that_cannot_be_sent() -> None:
+    """A negative retention fails at once, in one exception, not in three tasks after the
+    publication started (it then waited the whole hand-over timeout)."""
+    for bad in ({"retention_s": -5.0}, {"retention_s": 0.0}, {"hand_over_s": -1.0}):
+        with pytest.raises(PublicationError, match="must be positive"):
+            PublisherOptions(**bad)  # type: ignore[arg-type]
+    assert PublisherOptions(retention_s=None).retention_s is None

@@ -250,6 +250,7 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
         sessions = 0
         try:
             assert (await asyncio.wait_for(flooder.stdout.readline(), 30)).strip() == b"ready"
+            flood_start = time.perf_counter()
             for _ in range(ROUNDS):
                 # the flooder frozen (its requests the relay still holds answered first)...
                 flooder.send_signal(signal.SIGSTOP)
@@ -264,6 +265,7 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
                 sessions = max(sessions, len(relay.sessions))
             flooder.terminate()
             report = json.loads(await asyncio.wait_for(flooder.stdout.readline(), 60))
+            flood_seconds = time.perf_counter() - flood_start
         finally:
             if flooder.returncode is None:
                 flooder.send_signal(signal.SIGCONT)
@@ -286,7 +288,11 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
         assert report["fetches_ok"] > 0 and not report["closed"]
         assert pacer.delayed > 0  # its requests waited their turn
         assert report["junk_streams"] > 0
-        assert report["sessions_refused"] > 0  # past the accept rate
+        # its extra sessions were not accepted: past the accept rate they were refused (a
+        # flooder slowed by a busy machine may never reach the rate: then none was due)
+        allowed = ACCEPT_RATE * flood_seconds + relay.settings.accept_burst
+        assert report["sessions_refused"] > 0 or report["sessions_accepted"] <= allowed, (
+            report, allowed)
         # memory: within the cache budget plus the bound per session
         growth = max(samples) - memory_before
         bound = relay.cache.budget + sessions * relay.session_memory_bound

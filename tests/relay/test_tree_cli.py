@@ -69,3 +69,22 @@ def test_tree_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("kvcs relay: error:"), err
+
+
+def test_edge_keeps_its_upstream_session_alive(tmp_path: Path) -> None:
+    """Without --keep-alive an edge still PINGs its upstream (a client session): quiet
+    for five idle timeouts, it never loses it."""
+    root, seen = _start(["--idle-timeout", "1"], tmp_path, "fingerprint")
+    procs = [root]
+    try:
+        url = f"moqt://127.0.0.1:{_port(seen)}/"
+        edge, _ = _start(["--idle-timeout", "1", "--upstream", url, "--upstream-insecure",
+                          "--log-level", "info"], tmp_path, "upstream:")
+        procs.append(edge)
+        time.sleep(5)
+    finally:
+        for p in reversed(procs):  # the edge first: its upstream is not lost by the stop
+            p.terminate()
+            p.wait(timeout=10)
+    err = edge.stderr.read() if edge.stderr else ""
+    assert "Idle timeout" not in err and "reconnecting" not in err, err
