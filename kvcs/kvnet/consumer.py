@@ -409,7 +409,7 @@ class KvConsumer:
 
     # ------------------------------------------------------------------ layers
 
-    async def layers(
+    def layers(
         self,
         pub: Publication,
         layers: range | None = None,
@@ -434,9 +434,7 @@ class KvConsumer:
         ``v`` are views of their first ones. ValueError if they do not fit: before any
         request, but for their number of tokens, known once the manifest is read.
         """
-        self._check_into(into, layers)
-        track, m = await self._manifest_for(pub, manifest)
-        try:
+        def plan(m: Manifest) -> list[tuple[Segment, int]]:
             seg = m.segment(segment)
             if seg is None:
                 raise ManifestError(f"manifest has no segment {segment}")
@@ -445,17 +443,11 @@ class KvConsumer:
                 raise ManifestError(f"segment {segment} does not cover this prompt (its "
                                     "block_keys_sha256 differs from this prompt's Block Keys, "
                                     "or the prompt ends inside it)")
-            plan = [(seg, n if blocks is None else min(n, blocks))]
-            async with contextlib.aclosing(self._retrieve(
-                    pub, m, plan, layers, alternates, track, absolute=False,
-                    into=into)) as retrieved:
-                async for layer in retrieved:
-                    yield layer
-        finally:
-            if track is not None:
-                await track.close()
+            return [(seg, n if blocks is None else min(n, blocks))]
 
-    async def prefix_layers(
+        return self._read(pub, manifest, plan, layers, alternates, into, absolute=False)
+
+    def prefix_layers(
         self,
         pub: Publication,
         layers: range | None = None,
@@ -475,20 +467,13 @@ class KvConsumer:
         :meth:`layers`, with the tokens of every segment (:meth:`prefix_plan`): each
         segment is assembled into its rows, so the layers are not joined by a copy.
         """
-        self._check_into(into, layers)
-        track, m = await self._manifest_for(pub, manifest)
-        try:
-            plan = self.prefix_plan(pub, m, blocks)
-            if not plan and (blocks is None or blocks > 0):
+        def plan(m: Manifest) -> list[tuple[Segment, int]]:
+            found = self.prefix_plan(pub, m, blocks)
+            if not found and (blocks is None or blocks > 0):
                 raise ManifestError("the publication covers no block of this prompt")
-            async with contextlib.aclosing(self._retrieve(
-                    pub, m, plan, layers, alternates, track, absolute=True,
-                    into=into)) as retrieved:
-                async for layer in retrieved:
-                    yield layer
-        finally:
-            if track is not None:
-                await track.close()
+            return found
+
+        return self._read(pub, manifest, plan, layers, alternates, into, absolute=True)
 
     def prefix_plan(self, pub: Publication, manifest: Manifest,
                     blocks: int | None = None) -> list[tuple[Segment, int]]:
@@ -514,6 +499,25 @@ class KvConsumer:
         if manifest is not None:
             return None, manifest
         return await self.open_manifest(pub)
+
+    async def _read(self, pub: Publication, manifest: Manifest | None,
+                    plan: Callable[[Manifest], list[tuple[Segment, int]]],
+                    layers: range | None, alternates: Sequence[Publication],
+                    into: Sequence[LayerArrays] | None, *, absolute: bool,
+                    ) -> AsyncGenerator[KvLayer, None]:
+        """:meth:`layers` and :meth:`prefix_layers`: check ``into``, read the manifest,
+        retrieve ``plan(manifest)`` and close the manifest track however it ends."""
+        self._check_into(into, layers)
+        track, m = await self._manifest_for(pub, manifest)
+        try:
+            async with contextlib.aclosing(self._retrieve(
+                    pub, m, plan(m), layers, alternates, track, absolute=absolute,
+                    into=into)) as retrieved:
+                async for layer in retrieved:
+                    yield layer
+        finally:
+            if track is not None:
+                await track.close()
 
     async def _retrieve(self, pub: Publication, m: Manifest, plan: list[tuple[Segment, int]],
                         layers: range | None, alternates: Sequence[Publication],

@@ -11,7 +11,6 @@ import pytest
 
 import kvcs.kv.codecs as codecs
 from kvcs.hosting import TrackHost
-from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import ManifestError
 from kvcs.kv.manifest import Manifest
 from kvcs.kvnet.consumer import KvConsumer
@@ -21,9 +20,10 @@ from kvcs.testing import LocalNet
 from kvcs.transport import DevCertificate
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import publish_cache, signing_key
 from .recording import Requests, connect, direct_host
 from .test_http_fallback import _store, holder, http  # noqa: F401 (fixtures)
-from .test_tampering import TamperingRelay, publish_cache
+from .test_tampering import TamperingRelay
 
 
 class ExoticPublisher(KvPublisher):
@@ -94,9 +94,7 @@ async def test_signed_non_raw_track_recovered_over_http(
     """A consumer that requires producer authenticity reads the kv.<codec> track; objects a
     relay spoils are recovered from a KVSP holder's raw containers, confirmed against the
     signed digests of the kv.<codec> objects they encode to."""
-    key = ProducerKey.generate("prefill-codec")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    key, keyring = signing_key("prefill-codec")
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     name = f"kv.{codec}.s0".encode()

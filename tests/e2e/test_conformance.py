@@ -37,8 +37,9 @@ from kvcs.testing import LocalNet, until
 from kvcs.transport import DevCertificate, QuicSettings
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import check_layers, publish_cache
 from .recording import SETTINGS, Requests, connect, direct_host
-from .test_tampering import TamperingRelay, check_layers, publish_cache
+from .test_tampering import TamperingRelay
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from kvcs.moqt.wire import ObjectRecord
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import publish_cache
 from .test_protected_tampering import EditingRelay
-from .test_tampering import publish_cache
 
 GROUP, BLOCK_INDEX = 2, 3
 """The forged object: block 3 of layer 2 of the key track."""

@@ -11,7 +11,6 @@ import pytest
 
 from kvcs.auth import Authorizer
 from kvcs.cli import start_kvsp_beside
-from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import SignatureError
 from kvcs.kv.ids import block_keys, scope_id
 from kvcs.kv.store import BlockStore, store_cache
@@ -21,8 +20,9 @@ from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import check_layers, publish_cache, signing_key
 from .retrieval import layers_until_recompute
-from .test_tampering import TamperingRelay, check_layers, publish_cache
+from .test_tampering import TamperingRelay
 
 SID = scope_id(SCOPE)
 KEYS = block_keys(SCOPE, DESC.compat_id, PROMPT, BLOCK)
@@ -74,9 +74,7 @@ async def test_spoiled_objects_recovered_over_http(net: LocalNet, holder: KvspSe
 
 async def test_signed_digests_confirm_http_blocks(net: LocalNet, holder: KvspServer,
                                                   http: KvspClient) -> None:
-    key = ProducerKey.generate("prefill-http")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    key, keyring = signing_key("prefill-http")
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     evil.flip = {(b"k.raw.s0", 1, 7), (b"v.raw.s0", 5, 15)}  # type: ignore[misc]

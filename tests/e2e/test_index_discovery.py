@@ -12,7 +12,6 @@ import pytest
 
 from kvcs.auth import Authorizer
 from kvcs.endpoint import Endpoint
-from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.ids import block_keys, scope_id
 from kvcs.kv.index import publication_uri
 from kvcs.kv.store import BlockStore, store_cache
@@ -23,6 +22,7 @@ from kvcs.relay import Relay
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import signing_key
 
 SID = scope_id(SCOPE)
 KEYS = block_keys(SCOPE, DESC.compat_id, PROMPT, BLOCK)
@@ -107,9 +107,7 @@ async def test_index_only_discovery_reveals_no_prefix_to_the_relay(
 
 async def test_index_coverage_is_not_enough_for_producer_authenticity(
         net: LocalNet, index: KvspServer) -> None:
-    key = ProducerKey.generate("prefill-index")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    key, keyring = signing_key("prefill-index")
     relay = await net.relay()
     await _publish_registered(net, relay, index, 82, PublisherOptions(producer_key=key))
     async with _client(net, index, "reader") as idx:

@@ -13,6 +13,7 @@ from kvcs.kvnet.publisher import KvPublisher, PublicationError
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import publish_cache
 
 
 async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None:
@@ -56,12 +57,7 @@ async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None
 
 async def test_completed_layer_range_and_first_blocks(net: LocalNet) -> None:
     relay = await net.relay()
-    pub_ep = await net.client(relay)
-    data = cache(2)
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
+    _, data = await publish_cache(net, relay, 2)
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
     found = await consumer.discover()
     assert found is not None
@@ -79,12 +75,7 @@ async def test_completed_layer_range_and_first_blocks(net: LocalNet) -> None:
 async def test_completed_through_two_relays(net: LocalNet) -> None:
     relay_a = await net.relay()
     relay_b = await net.relay(upstream=relay_a)
-    pub_ep = await net.client(relay_a)
-    data = cache(3)
-    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
+    pub, data = await publish_cache(net, relay_a, 3)
     consumer = KvConsumer(await net.client(relay_b), SCOPE, DESC, PROMPT)
     found = await consumer.discover()
     assert found is not None
@@ -94,8 +85,8 @@ async def test_completed_through_two_relays(net: LocalNet) -> None:
         assert same(layer.k, data[layer.index][0][: 7 * BLOCK])
         assert same(layer.v, data[layer.index][1][: 7 * BLOCK])
     # a second consumer is served from relay B's cache after the publisher left
-    pub_ep.close()
-    await pub_ep.wait_closed()
+    pub.endpoint.close()
+    await pub.endpoint.wait_closed()
     again = KvConsumer(await net.client(relay_b), SCOPE, DESC, PROMPT)
     got2 = [layer async for layer in again.layers(found, range(1, 4), blocks=7)]
     assert [x.index for x in got2] == [1, 2, 3]

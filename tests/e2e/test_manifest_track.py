@@ -11,7 +11,6 @@ import pytest
 
 from kvcs.endpoint import MoqtRequestError
 from kvcs.hosting import TrackHost
-from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import ManifestError, SignatureError
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
@@ -21,8 +20,9 @@ from kvcs.testing import LocalNet
 from kvcs.transport import DevCertificate
 
 from .conftest import DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .helpers import check_layers, publish_cache, signing_key
 from .recording import Requests, connect, direct_host
-from .test_tampering import TamperingRelay, check_layers, publish_cache
+from .test_tampering import TamperingRelay
 
 
 @pytest.fixture
@@ -140,9 +140,7 @@ async def test_require_signed_refuses_a_publication_without_manifest_cose(
         net: LocalNet) -> None:
     relay = await net.relay()
     await publish_cache(net, relay, 61)
-    key = ProducerKey.generate("p")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    _, keyring = signing_key("p")
     c = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
                    require_signed=True)
     pubs = await c.discover_all()

@@ -15,7 +15,7 @@ import pytest
 
 from kvcs.kv.codecs import encode_component
 from kvcs.kv.component import Component
-from kvcs.kv.cose import Keyring, ProducerKey, sign_manifest
+from kvcs.kv.cose import ProducerKey, sign_manifest
 from kvcs.kv.manifest import Manifest
 from kvcs.kv.payload import build_payload_bytes
 from kvcs.kv.scopefile import ScopeFile
@@ -28,8 +28,9 @@ from kvcs.relay import Relay
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, DESC, LAYERS, PROMPT, SCOPE, cache
+from .helpers import check_layers, publish_cache, signing_key
 from .retrieval import layers_until_recompute
-from .test_tampering import RewritingRelay, check_layers, publish_cache
+from .test_tampering import RewritingRelay
 
 SCOPE_FILE = ScopeFile.new(SCOPE).rotated()  # content keys 1 and 2; 2 is current
 K_TRACK, V_TRACK = b"k.raw.s0", b"v.raw.s0"
@@ -199,9 +200,7 @@ async def test_member_cannot_forge_a_signed_manifest(net: LocalNet) -> None:
     """A member (content keys, no producer key) rewrites the manifest.cose of the producer's
     publication with its own manifest, as a valid Secure Object signed with its own key:
     a consumer that requires producer authenticity discards the publication."""
-    producer = ProducerKey.generate("producer")
-    keyring = Keyring()
-    keyring.add_producer(producer)
+    producer, keyring = signing_key("producer")
     member_key = ProducerKey.generate("producer")  # same kid, not the producer's key
     clean = await net.relay()
     evil = await net.relay(EditingRelay, upstream=clean)
@@ -233,9 +232,7 @@ async def test_member_cannot_forge_a_signed_manifest(net: LocalNet) -> None:
 async def test_a_keyring_requires_the_signed_manifest_by_default(net: LocalNet) -> None:
     """A consumer given producer keys never falls back to an unsigned manifest: a member's
     publication (protected, decrypts, but unsigned) is refused."""
-    producer = ProducerKey.generate("producer")
-    keyring = Keyring()
-    keyring.add_producer(producer)
+    _, keyring = signing_key("producer")
     relay = await net.relay()
     await _publish(net, relay, 44)  # protected, no producer key
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
@@ -250,9 +247,7 @@ async def test_tampered_manifest_version_discarded_while_following(
     """A live protected retrieval follows the newer manifest versions, each decrypted before
     its signature is checked; a version a relay tampered with is discarded and the next one
     confirms the layers it would have."""
-    producer = ProducerKey.generate("producer")
-    keyring = Keyring()
-    keyring.add_producer(producer)
+    producer, keyring = signing_key("producer")
     clean = await net.relay()
     evil = await net.relay(EditingRelay, upstream=clean)
     evil.edits = {(b"manifest.cose", 1, 0): _flip(-1)}  # type: ignore[attr-defined]

@@ -15,16 +15,7 @@ from kvcs.relay import Relay
 from kvcs.testing import LocalNet, until
 
 from .conftest import DESC, LAYERS, PROMPT, SCOPE, cache, same
-
-
-async def _retrieve(consumer: KvConsumer, data: list) -> None:
-    found = await consumer.discover()
-    assert found is not None
-    got = [layer async for layer in consumer.layers(found)]
-    assert [x.index for x in got] == list(range(LAYERS))
-    for layer in got:
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
+from .helpers import retrieve_all
 
 
 async def test_root_and_edges(net: LocalNet) -> None:
@@ -36,14 +27,14 @@ async def test_root_and_edges(net: LocalNet) -> None:
     for i, (k, v) in enumerate(data):
         await pub.put_layer(i, k, v)
     await pub.finish()  # hands over: edge 1 holds the publication complete
-    await asyncio.gather(*[_retrieve(KvConsumer(await net.client(e), SCOPE, DESC, PROMPT),
+    await asyncio.gather(*[retrieve_all(KvConsumer(await net.client(e), SCOPE, DESC, PROMPT),
                                      data) for e in (e2, e2, e3)])
     # the publisher leaves; a consumer at a fourth edge still finds and retrieves it
     pub.endpoint.close()
     await pub.endpoint.wait_closed()
     await until(lambda: bool(e1.namespaces.retained))
     e4 = await net.relay(upstream=root)
-    await _retrieve(KvConsumer(await net.client(e4), SCOPE, DESC, PROMPT), data)
+    await retrieve_all(KvConsumer(await net.client(e4), SCOPE, DESC, PROMPT), data)
 
 
 async def test_edge_killed_mid_transfer(net: LocalNet) -> None:
@@ -83,12 +74,12 @@ async def test_restarted_edge_serves_from_its_store(net: LocalNet, tmp_path: Pat
     for i, (k, v) in enumerate(data):
         await pub.put_layer(i, k, v)
     await pub.finish()
-    await _retrieve(KvConsumer(await net.client(edge), SCOPE, DESC, PROMPT), data)
+    await retrieve_all(KvConsumer(await net.client(edge), SCOPE, DESC, PROMPT), data)
     await edge.stop()  # a graceful stop saves every completed track
     net.relays.remove(edge)
     # restarted on the same directory, its upstream still configured: nothing asked of it
     again: Relay = await net.relay(upstream=root, store=store)
-    await _retrieve(KvConsumer(await net.client(again), SCOPE, DESC, PROMPT), data)
+    await retrieve_all(KvConsumer(await net.client(again), SCOPE, DESC, PROMPT), data)
     # (only manifest.cose, which the publication does not have, was asked upstream)
     assert again.metrics.get("kvcs_relay_objects_in_total") == 0
     assert again.metrics.get("kvcs_relay_link_bytes_in_total",

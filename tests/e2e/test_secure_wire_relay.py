@@ -8,31 +8,22 @@ from __future__ import annotations
 from kvcs.kv.scopefile import ScopeFile, parse_scope_file
 from kvcs.kv.secure import DRAFT_WIRE
 from kvcs.kvnet.consumer import KvConsumer
-from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
+from kvcs.kvnet.publisher import PublisherOptions
 from kvcs.moqt.wire import IMMUTABLE_PROPERTIES, ObjectStatus, decode_kvps
 from kvcs.testing import LocalNet
 
-from .conftest import DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .conftest import DESC, PROMPT, SCOPE
+from .helpers import publish_cache, retrieve_all
 
 
 async def test_a_publication_on_the_drafts_wire(net: LocalNet) -> None:
     scope = parse_scope_file(ScopeFile.new(SCOPE, wire=DRAFT_WIRE).to_json())
     relay = await net.relay()
-    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
-                      PublisherOptions(secure=scope.secure_objects()))
-    data = cache(71)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
+    pub, data = await publish_cache(net, relay, 71,
+                                    PublisherOptions(secure=scope.secure_objects()))
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
                           secure=parse_scope_file(scope.to_json()).secure_objects())
-    found = await consumer.discover()
-    assert found is not None
-    got = [x async for x in consumer.layers(found)]
-    assert [x.index for x in got] == list(range(LAYERS))
-    for layer in got:
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
+    await retrieve_all(consumer, data)
     track = relay.cache.get((pub.fields, b"k.raw.s0"))
     assert track is not None
     obj = next(o for o in track.objects(type(track.largest)(0, 0))  # type: ignore[misc, arg-type]

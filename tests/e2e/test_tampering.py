@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kv.errors import ManifestError
 from kvcs.kv.manifest import Manifest
 from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
@@ -20,7 +19,8 @@ from kvcs.relay import Relay
 from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
 
-from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache
+from .helpers import check_layers, publish_cache, signing_key
 
 
 class RewritingRelay(Relay):
@@ -69,24 +69,6 @@ class TamperingRelay(RewritingRelay):
         return True
 
 
-async def publish_cache(net: LocalNet, relay: Relay, seed: int,
-                        opts: PublisherOptions | None = None) -> tuple[KvPublisher, list]:
-    """Publish the seeded test cache through ``relay``; the publisher and the layers."""
-    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT, opts)
-    data = cache(seed)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
-    return pub, data
-
-
-def check_layers(layers: list, data: list) -> None:
-    """Every retrieved layer equals the published one."""
-    for layer in layers:
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
-
-
 @pytest.mark.parametrize("mode", ["flip", "drop"])
 async def test_bad_objects_recovered_from_another_relay(net: LocalNet, mode: str,
                                                         hashing: str) -> None:
@@ -128,9 +110,7 @@ async def test_unrecoverable_objects_reported_for_recompute(net: LocalNet) -> No
 
 async def test_swapped_publication_detected_by_signed_digests(net: LocalNet,
                                                                hashing: str) -> None:
-    key = ProducerKey.generate("prefill-1")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    key, keyring = signing_key("prefill-1")
     clean = await net.relay()
     evil = await net.relay(TamperingRelay, upstream=clean)
     opts = PublisherOptions(producer_key=key)
@@ -185,9 +165,7 @@ async def test_live_signed_layers_confirmed_by_later_manifest_versions(net: Loca
     lists its digests (object_digests), while production goes on."""
     import asyncio
 
-    key = ProducerKey.generate("prefill-live")
-    keyring = Keyring()
-    keyring.add_producer(key)
+    key, keyring = signing_key("prefill-live")
     relay = await net.relay()
     pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
                       PublisherOptions(producer_key=key, manifest_every=2))
