@@ -132,6 +132,10 @@ async def test_a_stalled_consumer_costs_the_others_nothing(
             stalled.kill()
         await stalled.wait()
 
+    # a good subscription that ended early says how (issue 27: "track evicted")
+    assert all(r.goodput(t0, t1) > 0 for r in received), [
+        (sub.done, relay.metrics.get("kvcs_relay_cache_evictions_total", reason="bytes"))
+        for sub in subs]
     ratios = [r.goodput(t1, t2) / r.goodput(t0, t1) for r in received]
     print(f"\ngoodput MiB/s reading {[round(r.goodput(t0, t1) / 2**20) for r in received]}, "
           f"one stalled {[round(r.goodput(t1, t2) / 2**20) for r in received]}, ratios "
