@@ -66,6 +66,7 @@ def relay_process(kind: str, cert_dir: str, datagram_size: int | None = None,
 
     ``library`` runs the kvcs relay on another QUIC library than this process."""
     from bench._quic import LIBRARY_ENV
+    from kvcs.testing import stop_process
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if library is not None:
@@ -81,12 +82,7 @@ def relay_process(kind: str, cert_dir: str, datagram_size: int | None = None,
             raise RuntimeError(f"{kind} relay did not start (exit code {proc.wait(10)})")
         yield RelayProcess(kind, f"moqt://127.0.0.1:{line[0]}/", line[1], proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc, 15)
 
 
 # --------------------------------------------------------------------------- child side

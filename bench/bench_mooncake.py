@@ -42,6 +42,7 @@ from bench._kvcache import CacheSpec, move, tokens_for
 from bench._proc import child_process, process_cpu_seconds
 from bench._relays import relay_process
 from bench.bench_e2e import LAYERS
+from kvcs.testing import stop_process
 from kvcs.transport import ensure_dev_certificate
 
 MiB = 1 << 20
@@ -98,12 +99,7 @@ def _master() -> Iterator[tuple[int, int, int]]:
                 time.sleep(0.1)
         yield rpc, meta, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 10)
 
 
 def _keys(spec: CacheSpec, layer: int) -> list[str]:

@@ -39,6 +39,7 @@ from kvcs.endpoint import Endpoint
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
+from kvcs.testing import stop_process
 from kvcs.transport import QuicSettings, ensure_dev_certificate
 
 SCOPE = ScopeKey.from_bytes(bytes(range(32)))
@@ -103,12 +104,7 @@ def _relay(cert_dir: str, *args: str) -> Iterator[RelayProc]:
                 metrics = line.split()[-1]
         yield RelayProc(proc, url, metrics, started, listening)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
 
 
 async def _client(url: str, cafile: str) -> Endpoint:
@@ -126,16 +122,24 @@ async def _first_layer(c: KvConsumer, at: dict[str, float], key: str) -> int:
     return c.stats.bytes
 
 
-# --------------------------------------------------------------------------- link copies
-
-async def _link_copies(cert: str, root: RelayProc, edges: list[RelayProc]) -> float:
-    tokens = 256  # 32 MiB: the ratio does not depend on the size, the run time does
-    prompt = _prompt(tokens, 1)
-    pub_ep = await _client(root.url, cert)
-    pub = KvPublisher(pub_ep, SCOPE, _desc(), prompt, PublisherOptions(hand_over_s=120))
+async def _publish(cert: str, relay: RelayProc, tokens: int, salt: int,
+                   hand_over_s: float) -> tuple[Endpoint, np.ndarray]:
+    """Publish every layer of a ``tokens``-token prompt through ``relay``: the publisher's
+    endpoint (still open) and the prompt."""
+    prompt = _prompt(tokens, salt)
+    ep = await _client(relay.url, cert)
+    pub = KvPublisher(ep, SCOPE, _desc(), prompt, PublisherOptions(hand_over_s=hand_over_s))
     for i in range(LAYERS):
         await pub.put_layer(i, *_layer(i, tokens))
     await pub.finish()
+    return ep, prompt
+
+
+# --------------------------------------------------------------------------- link copies
+
+async def _link_copies(cert: str, root: RelayProc, edges: list[RelayProc]) -> float:
+    # 256 tokens, 32 MiB: the ratio does not depend on the size, the run time does
+    pub_ep, prompt = await _publish(cert, root, 256, 1, hand_over_s=120)
     pub_bytes = sum(t.bytes for t in pub_ep.tracks.values())
     out_before = await asyncio.to_thread(root.scrape, "kvcs_relay_bytes_out_total")
     spread = [edges[0]] * 3 + [edges[1]] * 3 + [edges[2]] * 2
@@ -181,13 +185,8 @@ async def _ttfl_once(cert: str, root: RelayProc, edge: RelayProc, run: int) -> f
 # --------------------------------------------------------------------------- store restart
 
 async def _fill_store(cert: str, relay: RelayProc) -> int:
-    tokens = 1024  # 32 layers x 4 MiB = 128 MiB
-    prompt = _prompt(tokens, 99)
-    ep = await _client(relay.url, cert)
-    pub = KvPublisher(ep, SCOPE, _desc(), prompt, PublisherOptions(hand_over_s=300))
-    for i in range(LAYERS):
-        await pub.put_layer(i, *_layer(i, tokens))
-    await pub.finish()
+    # 1024 tokens: 32 layers x 4 MiB = 128 MiB
+    ep, _ = await _publish(cert, relay, 1024, 99, hand_over_s=300)
     ep.close()
     return sum(t.bytes for t in ep.tracks.values())
 

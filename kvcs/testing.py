@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +36,17 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.002)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM ``proc`` and wait ``timeout`` s for it; a process still running then is
+    killed (a hung relay must not outlive its test or bench run)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class LocalNet:

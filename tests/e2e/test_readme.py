@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcs.testing import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent  # the venv `source .venv/bin/activate` puts on PATH
@@ -52,12 +54,7 @@ def _start_relay(command: str, cwd: Path, env: dict[str, str]) -> subprocess.Pop
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a hung relay
-        proc.kill()
-        proc.wait()
+    stop_process(proc, 15)
 
 
 def test_first_five_minutes(tmp_path: Path) -> None:

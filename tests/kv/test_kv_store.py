@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 
 from kvcs.kv.container import decode_container, read_container
-from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
+from kvcs.kv.ids import block_keys
 from kvcs.kv.store import BlockStore, parse_hex_id, store_cache
 
-DESC = CompatDescriptor.from_dict({
-    "kvsp": 1, "model": "store-tiny", "revision": "0", "tokenizer": "t0", "layers": 3,
-    "kv_heads": 2, "head_dim": 8, "dtype": "float16", "block_tokens": 4, "layout": "tnd",
-    "rope": "post",
-})
-SCOPE = ScopeKey.from_bytes(bytes(range(32)))
-SID = scope_id(SCOPE)
+from .tiny import SCOPE, SID, tiny_descriptor
+
+DESC = tiny_descriptor("store-tiny", 3)
 
 
 def test_put_get_has_roundtrip(tmp_path: Path) -> None:

@@ -15,18 +15,14 @@ import pytest
 from kvcs.auth import Authorizer
 from kvcs.kv.container import read_container
 from kvcs.kv.errors import ContainerError
-from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
+from kvcs.kv.ids import ScopeKey, block_keys, scope_id
 from kvcs.kv.store import BlockStore, store_cache
 from kvcs.kvnet.kvsp_http import CONTENT_TYPE, MAX_LOOKUP_KEYS, KvspClient, KvspError, KvspServer
 from kvcs.transport import DevCertificate
 
-DESC = CompatDescriptor.from_dict({
-    "kvsp": 1, "model": "http-tiny", "revision": "0", "tokenizer": "t0", "layers": 2,
-    "kv_heads": 2, "head_dim": 8, "dtype": "float16", "block_tokens": 4, "layout": "tnd",
-    "rope": "post",
-})
-SCOPE = ScopeKey.from_bytes(bytes(range(32)))
-SID = scope_id(SCOPE)
+from .tiny import SCOPE, SID, tiny_descriptor
+
+DESC = tiny_descriptor("http-tiny", 2)
 OTHER = scope_id(ScopeKey.from_bytes(bytes(range(1, 33))))
 TOKENS = np.arange(100, 112)  # 3 blocks
 KEYS = block_keys(SCOPE, DESC.compat_id, TOKENS, 4)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvcs.endpoint import Endpoint
-from kvcs.testing import LocalNet
+from kvcs.testing import LocalNet, stop_process
 from kvcs.transport import DevCertificate, QuicSettings, default_library
 from kvcs.transport.quic import LIBRARIES, LIBRARY_ENV, resolve
 
@@ -87,12 +87,7 @@ async def relay(request: pytest.FixtureRequest,
         url = f"moqt://{line.split()[4]}/"
         yield url, pin, line, resolve(request.param)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 10)
 
 
 async def test_relay_process_on_each_library(relay: tuple[str, str, str, str]) -> None:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,8 @@ import pytest
 from kvcs.cli import build_parser, main, relay_config
 from kvcs.relay import ConfigError
 from kvcs.transport import DevCertificate
+
+from .processes import start_relay
 
 PY = sys.executable
 
@@ -68,22 +69,9 @@ def test_config_file_and_flags_win(tmp_path: Path) -> None:
 
 
 def test_subprocess_start_fingerprint_sigterm(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([PY, "-m", "kvcs", "relay", "--anonymous", "--listen",
-                             "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc, seen = start_relay(["--metrics", "127.0.0.1:0"], tmp_path, "fingerprint",
+                             timeout=15)
     try:
-        assert proc.stdout is not None
-        seen: list[str] = []
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if "fingerprint" in line:
-                break
         assert any("fingerprint" in s for s in seen), seen
         fp = seen[-1].split()[-1]
         assert len(fp.split(":")) == 32

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kvcs.testing import stop_process
+
 PY = sys.executable
 ROOT_IP, EDGE_IP = "10.251.0.1", "10.251.0.2"
 GROUPS, PER_GROUP, SIZE = 4, 16, 32 * 1024
@@ -142,9 +144,4 @@ def test_two_sites_over_veth(sites: tuple[str, str], tmp_path: Path) -> None:
         assert (int(count), digest) == (GROUPS * PER_GROUP, want)
     finally:
         for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, 10)

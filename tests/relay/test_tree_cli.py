@@ -3,9 +3,6 @@ use is printed), ``--store`` / ``--store-bytes``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,26 +10,7 @@ import pytest
 
 from kvcs.cli import build_parser, main, relay_config
 
-PY = sys.executable
-
-
-def _start(args: list[str], cwd: Path, until: str) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen([PY, "-m", "kvcs", "relay", "--anonymous", "--listen",
-                             "127.0.0.1:0", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if until in line:
-            return proc, seen
-    proc.kill()
-    raise AssertionError(f"no {until!r} in {seen} {proc.stderr.read() if proc.stderr else ''}")
+from .processes import start_relay
 
 
 def _port(lines: list[str]) -> int:
@@ -41,11 +19,11 @@ def _port(lines: list[str]) -> int:
 
 
 def test_edge_prints_the_upstream_it_uses(tmp_path: Path) -> None:
-    root, seen = _start(["--store", str(tmp_path / "store")], tmp_path, "fingerprint")
+    root, seen = start_relay(["--store", str(tmp_path / "store")], tmp_path, "fingerprint")
     procs = [root]
     try:
         url = f"moqt://127.0.0.1:{_port(seen)}/"
-        edge, seen = _start(["--upstream", url, "--upstream", "moqt://127.0.0.1:9/",
+        edge, seen = start_relay(["--upstream", url, "--upstream", "moqt://127.0.0.1:9/",
                              "--upstream-insecure"], tmp_path, "upstream:")
         procs.append(edge)
         assert seen[-1].strip() == f"upstream: {url}"
@@ -74,11 +52,11 @@ def test_tree_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 def test_edge_keeps_its_upstream_session_alive(tmp_path: Path) -> None:
     """Without --keep-alive an edge still PINGs its upstream (a client session): quiet
     for five idle timeouts, it never loses it."""
-    root, seen = _start(["--idle-timeout", "1"], tmp_path, "fingerprint")
+    root, seen = start_relay(["--idle-timeout", "1"], tmp_path, "fingerprint")
     procs = [root]
     try:
         url = f"moqt://127.0.0.1:{_port(seen)}/"
-        edge, _ = _start(["--idle-timeout", "1", "--upstream", url, "--upstream-insecure",
+        edge, _ = start_relay(["--idle-timeout", "1", "--upstream", url, "--upstream-insecure",
                           "--log-level", "info"], tmp_path, "upstream:")
         procs.append(edge)
         time.sleep(5)
