@@ -3,6 +3,9 @@ back, make a producer signing key."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from kvcs.kv.cose import Keyring, ProducerKey
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
@@ -21,6 +24,25 @@ async def publish_cache(net: LocalNet, relay: Relay, seed: int,
         await pub.put_layer(i, k, v)
     await pub.finish()
     return pub, data
+
+
+def produce_slowly(pub: KvPublisher, data: list, *, started_after: int,
+                   pause: float) -> tuple[asyncio.Task[float], asyncio.Event]:
+    """Put the layers of ``data`` one every ``pause`` seconds, then finish, in a task: the
+    task (its result: the perf_counter time production finished) and an event set once
+    layer ``started_after`` is out, for a consumer that joins while production goes on."""
+    started = asyncio.Event()
+
+    async def produce() -> float:
+        for i, (k, v) in enumerate(data):
+            await pub.put_layer(i, k, v)
+            if i == started_after:
+                started.set()
+            await asyncio.sleep(pause)
+        await pub.finish()
+        return time.perf_counter()
+
+    return asyncio.create_task(produce()), started
 
 
 def check_layers(layers: list, data: list) -> None:

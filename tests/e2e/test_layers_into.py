@@ -4,13 +4,14 @@ endpoint records every request, so "refused before any request" is checked as su
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
 from kvcs.hosting import TrackHost
-from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.consumer import KvConsumer, Publication
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.transport import DevCertificate
 
@@ -35,6 +36,23 @@ async def _publish(host: TrackHost, seed: int, codec: str) -> list:
         await pub.put_layer(i, k, v)
     await pub.finish()
     return data
+
+
+@contextlib.asynccontextmanager
+async def _found(direct: tuple[TrackHost, str, Requests], cert: DevCertificate,
+                 seed: int) -> AsyncIterator[tuple[KvConsumer, Publication]]:
+    """Publish the raw cache ``seed``, connect a consumer to the publisher and discover it;
+    the consumer's endpoint is closed on exit."""
+    host, url, _ = direct
+    await _publish(host, seed, "raw")
+    consumer = KvConsumer(await connect(url, cert), SCOPE, DESC, PROMPT)
+    try:
+        found = await consumer.discover()
+        assert found is not None
+        yield consumer, found
+    finally:
+        consumer.endpoint.close()
+        await consumer.endpoint.wait_closed()
 
 
 def _buffers(tokens: int = ROWS + SPARE) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -112,12 +130,8 @@ async def test_arrays_of_the_wrong_kind_are_refused_before_any_request(
         direct: tuple[TrackHost, str, Requests], cert: DevCertificate, bad: str) -> None:
     """Wrong layer count, head shape, dtype, a read-only array, not a pair: a one-line
     ValueError before the consumer sends a single request (not even the manifest's)."""
-    host, url, log = direct
-    await _publish(host, 81, "raw")
-    consumer = KvConsumer(await connect(url, cert), SCOPE, DESC, PROMPT)
-    try:
-        found = await consumer.discover()
-        assert found is not None
+    log = direct[2]
+    async with _found(direct, cert, 81) as (consumer, found):
         make, match = BAD[bad]
         for read in (consumer.layers, consumer.prefix_layers):
             log.seen.clear()
@@ -125,20 +139,13 @@ async def test_arrays_of_the_wrong_kind_are_refused_before_any_request(
                 _ = [x async for x in read(found, into=make())]  # type: ignore[operator]
             assert log.seen == []
         assert consumer.stats.objects == 0
-    finally:
-        consumer.endpoint.close()
-        await consumer.endpoint.wait_closed()
 
 
 async def test_too_few_tokens_refused_before_any_layer_is_requested(
         direct: tuple[TrackHost, str, Requests], cert: DevCertificate) -> None:
     """How many tokens are needed is known from the manifest: it is read, nothing else."""
-    host, url, log = direct
-    await _publish(host, 82, "raw")
-    consumer = KvConsumer(await connect(url, cert), SCOPE, DESC, PROMPT)
-    try:
-        found = await consumer.discover()
-        assert found is not None
+    log = direct[2]
+    async with _found(direct, cert, 82) as (consumer, found):
         for read in (consumer.layers, consumer.prefix_layers):
             log.seen.clear()
             with pytest.raises(ValueError, match=r"^into\[0\]: K has shape \(63, 2, 64\), "
@@ -148,6 +155,3 @@ async def test_too_few_tokens_refused_before_any_layer_is_requested(
         # four blocks fit in 63 rows
         got = [x async for x in consumer.layers(found, blocks=4, into=_buffers(ROWS - 1))]
         assert [x.blocks for x in got] == [4] * LAYERS
-    finally:
-        consumer.endpoint.close()
-        await consumer.endpoint.wait_closed()

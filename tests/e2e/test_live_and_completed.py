@@ -13,7 +13,7 @@ from kvcs.kvnet.publisher import KvPublisher, PublicationError
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
-from .helpers import publish_cache
+from .helpers import produce_slowly, publish_cache
 
 
 async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None:
@@ -23,19 +23,7 @@ async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None
     data = cache(1)
     pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
     await pub.start()
-    finished_at: list[float] = []
-    started = asyncio.Event()
-
-    async def produce() -> None:
-        for i, (k, v) in enumerate(data):
-            await pub.put_layer(i, k, v)
-            if i == 1:
-                started.set()
-            await asyncio.sleep(0.15)
-        await pub.finish()
-        finished_at.append(time.perf_counter())
-
-    task = asyncio.create_task(produce())
+    task, started = produce_slowly(pub, data, started_after=1, pause=0.15)
     await started.wait()  # the consumer joins while layers 2.. are still to come
     consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT)
     found = await consumer.discover()
@@ -47,9 +35,9 @@ async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None
         order.append(layer.index)
         k, v = data[layer.index]
         assert same(layer.k, k) and same(layer.v, v)
-    await task
+    finished_at = await task
     assert order == list(range(LAYERS))
-    assert first_at is not None and first_at < finished_at[0]  # layer 0 before the end
+    assert first_at is not None and first_at < finished_at  # layer 0 before the end
     st = consumer.stats
     assert st.objects == LAYERS * BLOCKS * 2  # every object exactly once
     assert st.duplicates == 0 and st.rejected == 0 and st.retries == 0

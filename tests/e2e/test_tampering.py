@@ -20,7 +20,7 @@ from kvcs.relay.links import Link, Links
 from kvcs.testing import LocalNet
 
 from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache
-from .helpers import check_layers, publish_cache, signing_key
+from .helpers import check_layers, produce_slowly, publish_cache, signing_key
 
 
 class RewritingRelay(Relay):
@@ -163,25 +163,13 @@ async def test_manifest_with_another_compat_id_is_discarded(net: LocalNet) -> No
 async def test_live_signed_layers_confirmed_by_later_manifest_versions(net: LocalNet) -> None:
     """Live + authenticity required: each layer is yielded once a newer signed manifest
     lists its digests (object_digests), while production goes on."""
-    import asyncio
-
     key, keyring = signing_key("prefill-live")
     relay = await net.relay()
     pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT,
                       PublisherOptions(producer_key=key, manifest_every=2))
     await pub.start()
     data = cache(17)
-    started = asyncio.Event()
-
-    async def produce() -> None:
-        for i, (k, v) in enumerate(data):
-            await pub.put_layer(i, k, v)
-            if i == 0:
-                started.set()
-            await asyncio.sleep(0.1)
-        await pub.finish()
-
-    task = asyncio.create_task(produce())
+    task, started = produce_slowly(pub, data, started_after=0, pause=0.1)
     await started.wait()
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
                           require_signed=True)

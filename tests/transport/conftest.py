@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -84,14 +85,16 @@ class ServerHandle:
         return session
 
 
-@pytest.fixture
-async def server(cert: DevCertificate) -> AsyncIterator[ServerHandle]:
+@contextlib.asynccontextmanager
+async def echo_server(cert: DevCertificate,
+                      settings: QuicSettings | None = None) -> AsyncIterator[ServerHandle]:
+    """An echo server on 127.0.0.1 (``settings`` default: loopback), closed on exit."""
     conns: list[MoqtConnection] = []
     srv = await serve(
         "127.0.0.1",
         0,
         echo_factory,
-        QuicSettings.loopback(),
+        settings or QuicSettings.loopback(),
         str(cert.certfile),
         str(cert.keyfile),
         on_session=conns.append,
@@ -100,3 +103,9 @@ async def server(cert: DevCertificate) -> AsyncIterator[ServerHandle]:
         yield ServerHandle(srv, conns, cert)
     finally:
         await srv.aclose()
+
+
+@pytest.fixture
+async def server(cert: DevCertificate) -> AsyncIterator[ServerHandle]:
+    async with echo_server(cert) as handle:
+        yield handle

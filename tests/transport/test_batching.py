@@ -14,10 +14,10 @@ import pytest
 
 from kvcs.moqt.actions import SendDatagram, SendStreamData
 from kvcs.testing import until
-from kvcs.transport import DevCertificate, MoqtConnection, QuicSettings, connect, serve, udp
+from kvcs.transport import DevCertificate, QuicSettings, connect, udp
 from kvcs.transport.eventloop import EVENT_LOOP_ENV, running_event_loop, use_event_loop
 
-from .conftest import EchoSession, echo_factory
+from .conftest import EchoSession, echo_factory, echo_server
 
 ETHERNET = 1452  # the datagram size of a 1500-byte MTU: runs of these are what GSO sends
 UNKNOWN_OPTION = 0xFFF
@@ -27,24 +27,18 @@ async def _transfer(settings: QuicSettings, cert: DevCertificate) -> tuple[bool,
     """Send 2 MiB each way on one bidi stream (the server echoes it) plus a datagram;
     once every byte came back intact, return (GSO, GRO) of the client's connection, then
     of the server's."""
-    conns: list[MoqtConnection] = []
-    server = await serve("127.0.0.1", 0, echo_factory, settings, str(cert.certfile),
-                         str(cert.keyfile), on_session=conns.append)
-    try:
-        async with connect(f"moqt://127.0.0.1:{server.port}/", echo_factory, settings,
-                           verify=False) as conn:
-            session = conn.session
-            assert isinstance(session, EchoSession)
-            payload = os.urandom(2 << 20)
-            sid = conn.open_stream(unidirectional=False)
-            session.out += [SendStreamData(sid, payload, end=True), SendDatagram(b"dgram")]
-            conn.flush()
-            await until(lambda: sid in session.ended, timeout=30)
-            assert bytes(session.received[sid]) == payload
-            await until(lambda: session.datagrams == [b"dgram"])
-            return conn.gso, conn.gro, conns[0].gso, conns[0].gro
-    finally:
-        await server.aclose()
+    async with echo_server(cert, settings) as server, connect(
+            server.url("moqt", "/"), echo_factory, settings, verify=False) as conn:
+        session = conn.session
+        assert isinstance(session, EchoSession)
+        payload = os.urandom(2 << 20)
+        sid = conn.open_stream(unidirectional=False)
+        session.out += [SendStreamData(sid, payload, end=True), SendDatagram(b"dgram")]
+        conn.flush()
+        await until(lambda: sid in session.ended, timeout=30)
+        assert bytes(session.received[sid]) == payload
+        await until(lambda: session.datagrams == [b"dgram"])
+        return conn.gso, conn.gro, server.conns[0].gso, server.conns[0].gro
 
 
 @pytest.mark.parametrize("gso", [True, False])

@@ -22,10 +22,9 @@ from kvcs.transport import (
     QuicSettings,
     connect,
     max_datagram_size_limit,
-    serve,
 )
 
-from .conftest import EchoSession, ServerHandle, echo_factory
+from .conftest import EchoSession, ServerHandle, echo_factory, echo_server
 
 SCHEMES = ["moqt", "https"]
 
@@ -193,14 +192,9 @@ async def test_loopback_peers_get_large_datagrams_by_default(cert: DevCertificat
     """Issue #16: default settings on both ends, a peer on loopback: both directions use
     the library's largest datagrams without any option."""
     settings = QuicSettings()
-    conns: list[MoqtConnection] = []
-    server = await serve("127.0.0.1", 0, echo_factory, settings, str(cert.certfile),
-                         str(cert.keyfile), on_session=conns.append)
-    try:
-        async with connect(f"moqt://localhost:{server.port}/", echo_factory, settings,
-                           verify=False) as conn:
-            await until(lambda: bool(conns))
-            limit = max_datagram_size_limit(settings.library)
-            assert conn.max_datagram_size == conns[0].max_datagram_size == limit
-    finally:
-        await server.aclose()
+    async with echo_server(cert, settings) as server, connect(
+            f"moqt://localhost:{server.server.port}/", echo_factory, settings,
+            verify=False) as conn:
+        await until(lambda: bool(server.conns))
+        limit = max_datagram_size_limit(settings.library)
+        assert conn.max_datagram_size == server.conns[0].max_datagram_size == limit
