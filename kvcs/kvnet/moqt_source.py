@@ -392,7 +392,10 @@ class SegmentRun:
             try:
                 await asyncio.wait_for(
                     self._fetch_layers(ep, pub, kind, name, layers, blocks), left)
-            except (MoqtRequestError, ConnectionError, TimeoutError) as exc:
+            # SessionUsageError: the session closed after the is_closed check above (a
+            # relay killed mid-recovery; make faults on a loaded host raised it out of
+            # the retrieval instead of naming the missing blocks)
+            except (MoqtRequestError, ConnectionError, TimeoutError, SessionUsageError) as exc:
                 log.info("recovery fetch of %s failed: %s", name, exc or "timeout")
 
 

@@ -132,8 +132,9 @@ async def test_token_stuffed_requests_leave_a_good_fetch_its_time(
 
 
 async def _flood_task(port: int, cafile: str, stop: asyncio.Event,
-                      counts: dict[str, int]) -> None:
-    """Send stuffed SUBSCRIBEs on a session until the relay closes it, then reconnect."""
+                      counts: dict[str, int], flooding: asyncio.Event) -> None:
+    """Send stuffed SUBSCRIBEs on a session until the relay closes it, then reconnect;
+    ``flooding`` is set once a stuffed request went out."""
     make = stuffed_subscribe()
     while not stop.is_set():
         try:
@@ -151,6 +152,7 @@ async def _flood_task(port: int, cafile: str, stop: asyncio.Event,
                     break
                 rid += 2
                 counts["sent"] += 1
+                flooding.set()
             conn.flush()
             await asyncio.sleep(0.02)
         counts["closed"] += 1
@@ -161,8 +163,14 @@ async def _flood(port: int, cafile: str) -> dict[str, int]:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     counts = {"sent": 0, "closed": 0, "refused": 0}
+    flooding = asyncio.Event()
+    tasks = [asyncio.ensure_future(_flood_task(port, cafile, stop, counts, flooding))
+             for _ in range(TASKS)]
+    # "ready" once stuffed requests go out: a niced flooder on a loaded host may need
+    # seconds to connect (one run beside two busy loops sent nothing before it ended)
+    await flooding.wait()
     print("ready", flush=True)
-    await asyncio.gather(*(_flood_task(port, cafile, stop, counts) for _ in range(TASKS)))
+    await asyncio.gather(*tasks)
     return counts
 
 
