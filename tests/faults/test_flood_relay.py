@@ -286,7 +286,12 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
         assert report["answered"] >= report["requests"] - REQUEST_SESSIONS * IN_FLIGHT
         assert set(report["rejected"]) <= {"16"}, report  # DOES_NOT_EXIST only
         assert report["fetches_ok"] > 0 and not report["closed"]
-        assert pacer.delayed > 0  # its requests waited their turn
+        # its requests waited their turn once past the pacer's rate (a niced flooder on a
+        # busy machine may never reach it: one make faults run beside make test sent too
+        # few, and then none was due)
+        cfg = relay.config
+        due = report["requests"] > cfg.request_rate * flood_seconds + cfg.request_burst
+        assert pacer.delayed > 0 or not due, (report, flood_seconds)
         assert report["junk_streams"] > 0
         # its extra sessions were not accepted: past the accept rate they were refused (a
         # flooder slowed by a busy machine may never reach the rate: then none was due)
