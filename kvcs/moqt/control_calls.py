@@ -10,6 +10,7 @@ control and request streams. Split from control.py, which held both (865 lines).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import wire
 from .actions import ResetStream, SendStreamData, SetStreamPriority, StopSending, StreamOpener
@@ -48,15 +49,12 @@ class RequestCalls:
     peer_setup: wire.SetupOptions | None
     budget: wire.ByteBudget
 
-    # provided by ControlPlane (the stream bookkeeping both halves share)
-    def _forget_if_closed(self, req: Request) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by ControlPlane (the stream bookkeeping both halves share)
+        def _forget_if_closed(self, req: Request) -> None: ...
 
-    def _end_our_half(self, req: Request) -> None:
-        raise NotImplementedError
+        def _end_our_half(self, req: Request) -> None: ...
 
-    def _fetch_may_finish(self, req: Request) -> None:
-        raise NotImplementedError
+        def _fetch_may_finish(self, req: Request) -> None: ...
 
     # ------------------------------------------------------------------ API: requests
 
