@@ -19,7 +19,7 @@ it hands :class:`~kvcs.moqt.requests.Request` records in and binds Track Aliases
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import events as ev
@@ -400,6 +400,28 @@ class DataStreams:
             actions.append(SendStreamData(stream_id, b"".join((prefix, payload)), end))
         else:
             actions.append(SendStreamData(stream_id, prefix, end))
+        if end:
+            self._closed(stream_id, s)
+        return True
+
+    def write_objects(self, stream_id: int, objs: Sequence[ObjectRecord], end: bool) -> bool:
+        """Write objects on a subgroup stream in ONE write (a run a relay received, a
+        layer a publisher put): one join, one trip through the scheduler; False if the
+        stream is gone."""
+        s = self._outgoing.get(stream_id)
+        if s is None:
+            return False
+        writer = s.writer
+        if not isinstance(writer, SubgroupWriter):
+            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
+        prefix = writer.object_prefix
+        parts: list[bytes | memoryview] = []
+        for o in objs:
+            payload = o.payload
+            parts.append(prefix(o.object_id, len(payload), o.status, o.properties))
+            if payload:
+                parts.append(payload)
+        self._out.actions.append(SendStreamData(stream_id, b"".join(parts), end))
         if end:
             self._closed(stream_id, s)
         return True
