@@ -270,6 +270,12 @@ class Links:
                 link.unknown_ranges = True
         elif isinstance(e, ev.SubscriptionEnded):
             done = e.message
+            if e.streams_missing:
+                # streams it counted never came (still queued upstream on a loaded host,
+                # or reset before their header): their objects are unknown, so the track
+                # cannot be declared complete (a relay below once did, with a layer short,
+                # and its consumer's recovery FETCH found the range "after the Largest")
+                link.lost = True
             if done.status == PublishDoneCode.TRACK_ENDED and not link.lost \
                     and not link.unknown_ranges and link.fill is not FillState.RUNNING:
                 self._retire(link)
