@@ -18,7 +18,7 @@ background event loop, which publishes them as that layer's group while the next
 computed; ``wait_for_save`` returns once the relay holds every layer (publish and go).
 
 Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
-the scope's live index (:class:`~kvcs.integrations.vllm_support.ScopeIndex`, one standing
+the scope's standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`, one
 SUBSCRIBE_NAMESPACE per scope; opening it is the one round trip of a scope's first lookup)
 within the recompute budget and answers with the longest published block-aligned prefix;
 ``start_load_kv`` starts the verified retrieval of every layer; ``wait_for_layer_load``
@@ -271,8 +271,8 @@ class KvcsConnector(KVConnectorBase_V1):
                                                    self.descriptor.compat_id, budget)
             if index is None:  # no relay session: a miss, not a wait
                 return found
-            fields, blocks = index.longest(keys)
-            return Match(fields, blocks, 0)
+            pub = index.longest(keys)
+            return found if pub is None else Match(pub.fields, pub.prefix_blocks, 0)
 
         try:
             found = self.bg.run(one_lookup(), budget)
