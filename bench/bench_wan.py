@@ -35,6 +35,15 @@ from bench._relays import MOQDEV_DATAGRAM, moqdev_available, relay_process
 from bench.wanem import PROFILES, ForwarderUnavailable, Link, WanForwarder, blast, build
 from kvcs.transport import ensure_dev_certificate
 
+KVCS_CONFIG = "qh3"
+"""The kvcs relay's QUIC library and congestion controller on the long path
+(``library[:controller]``, the controller being aioquic's), recorded in the details."""
+CONFIGS_ENV = "KVCS_BENCH_WAN_KVCS"
+"""Comma-separated kvcs configurations to run (``qh3,aioquic:reno,aioquic:cubic``): the
+first is the headline (``kvcs_*`` keys), the others go to each row's ``kvcs_others``."""
+PROFILES_ENV = "KVCS_BENCH_WAN_PROFILES"
+"""Comma-separated ``rtt_ms:loss`` profiles to run (default: all of them)."""
+
 SIZES_MIB = {0.0: 32.0, 0.001: 16.0, 0.01: 4.0}
 """Cache size per loss rate (MiB): a few seconds per run at 80 ms on a quiet machine."""
 SIZE_ENV = "KVCS_BENCH_WAN_MIB"
@@ -55,11 +64,22 @@ def _key(rtt: int, loss: float) -> str:
     return f"rtt{rtt}_loss{loss:g}"
 
 
+def _config(name: str) -> tuple[str, str | None]:
+    """``library[:controller]`` -> (library, controller or None)."""
+    library, _, controller = name.partition(":")
+    return library, controller or None
+
+
 async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
-               seed: int) -> dict[str, Any]:
-    """One live transfer through a fresh relay of ``kind`` and a fresh forwarder."""
-    size = spec.datagram_size if kind == "kvcs" else None
-    with relay_process(kind, cert_dir, datagram_size=size) as relay:
+               seed: int, config: str = KVCS_CONFIG) -> dict[str, Any]:
+    """One live transfer through a fresh relay of ``kind`` (kvcs: on ``config``) and a
+    fresh forwarder."""
+    size, library, controller = None, None, None
+    if kind == "kvcs":
+        size = spec.datagram_size
+        library, controller = _config(config)
+    with relay_process(kind, cert_dir, datagram_size=size, library=library,
+                       congestion_control=controller) as relay:
         port = int(relay.url.rsplit(":", 1)[1].strip("/"))
         link = Link.profile(rtt, loss)
         async with WanForwarder("127.0.0.1", port, seed=seed, up=link, down=link) as wan:
@@ -83,29 +103,42 @@ def main() -> dict[str, Any]:
           f"datagrams, {capacity['forwarder_cpu_ms_per_mib']:.2f} ms of CPU per MiB "
           f"(load {capacity['load_average']})")
     fixed = os.environ.get(SIZE_ENV)
+    configs = [c.strip() for c in os.environ.get(CONFIGS_ENV, KVCS_CONFIG).split(",")
+               if c.strip()]
+    profiles = PROFILES
+    if os.environ.get(PROFILES_ENV):
+        profiles = tuple((int(r), float(p)) for r, _, p in (
+            x.strip().partition(":") for x in os.environ[PROFILES_ENV].split(",")))
     moqdev = moqdev_available()
     note = None if moqdev else "moq-ffi not installed (the interop extra): kvcs relay only"
     goodput: dict[str, Any] = {}
     identical = True
     with tempfile.TemporaryDirectory() as cert_dir:
         ensure_dev_certificate(cert_dir)
-        for n, (rtt, loss) in enumerate(PROFILES):
+        for n, (rtt, loss) in enumerate(profiles):
             mib = float(fixed) if fixed else SIZES_MIB[loss]
             spec = CacheSpec(tokens=tokens_for(mib, 16), live=True, interop=True,
                              datagram_size=ETHERNET_DATAGRAM, first_token=8_000_000 + n)
             row: dict[str, Any] = {"rtt_ms": rtt, "loss": loss,
-                                   "mib": round(spec.nbytes / (1 << 20), 1)}
-            kinds = ["kvcs", "moq-dev"] if moqdev else ["kvcs"]
-            for kind in kinds:
+                                   "mib": round(spec.nbytes / (1 << 20), 1),
+                                   "kvcs_config": configs[0]}
+            runs = [("kvcs", c) for c in configs] + ([("moq-dev", "")] if moqdev else [])
+            for kind, config in runs:
                 name = "kvcs" if kind == "kvcs" else "moqdev"
+                out = row if config in ("", configs[0]) else row.setdefault(
+                    "kvcs_others", {}).setdefault(config, {})
                 try:
-                    r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n))
+                    r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n,
+                                         config=config or KVCS_CONFIG))
                 except Exception as exc:  # a stack that fails a profile is a result
-                    row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    out[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     identical = False
                     continue
                 identical = identical and r["identical"]
-                row.update({f"{name}_{k}": v for k, v in r.items()})
+                out.update({f"{name}_{k}": v for k, v in r.items()})
+                if out is not row:
+                    print(f"    ({config}: {r['mib_s']:.2f} MiB/s"
+                          + ("" if r["identical"] else ", BYTES DIFFER") + ")", flush=True)
             goodput[_key(rtt, loss)] = row
             print(f"  RTT {rtt:3d} ms, loss {loss * 100:4.1f}%, {row['mib']:5.1f} MiB: "
                   + ", ".join(f"{name} {row[name + '_mib_s']:7.2f} MiB/s"
@@ -116,7 +149,8 @@ def main() -> dict[str, Any]:
     res: dict[str, Any] = {
         "wan_goodput": goodput, "wan_identical": identical,
         "wan_datagram_size": ETHERNET_DATAGRAM, "wan_moqdev_datagram_size": MOQDEV_DATAGRAM,
-        "wan_quic_library": QUIC_LIBRARY, "wan_congestion_control": CONGESTION_CONTROL,
+        "wan_quic_library": QUIC_LIBRARY, "wan_kvcs_config": configs[0],
+        "wan_congestion_control": CONGESTION_CONTROL,
         "wan_forwarder": capacity, "wan_sizes_mib": {f"{k:g}": v for k, v in SIZES_MIB.items()}
         if not fixed else float(fixed)}
     head = goodput.get(_key(*HEADLINE), {})
