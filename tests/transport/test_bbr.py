@@ -38,6 +38,8 @@ class Path:
     loss: float = 0.0
     queue: int = 200 * MSS
     seed: int = 28
+    supply: Callable[[float], float] | None = None
+    """Bytes the application has handed over by time t (None: always more)."""
     trace: list[tuple[float, Mode, float, int, int, float]] = field(default_factory=list)
     """(time, mode, pacing gain, cwnd, bytes in flight, btl_bw) after every event."""
     delivered: int = 0
@@ -50,7 +52,8 @@ class Path:
         number = 0
         while now < seconds:
             # send what the window and the pacer allow at ``now``
-            while cc.bytes_in_flight + MSS <= cc.congestion_window and next_send <= now:
+            while (cc.bytes_in_flight + MSS <= cc.congestion_window and next_send <= now
+                   and (self.supply is None or (number + 1) * MSS <= self.supply(now))):
                 packet = QuicSentPacket(
                     epoch=Epoch.ONE_RTT, in_flight=True, is_ack_eliciting=True,
                     is_crypto_packet=False, packet_number=number,
@@ -67,9 +70,12 @@ class Path:
                     continue
                 link_free = max(link_free, arrive) + MSS / self.rate(arrive)
                 heapq.heappush(events, (link_free + self.rtt / 2, number, "ack", packet))
+            starved = self.supply is not None and (number + 1) * MSS > self.supply(now)
             wake = min(events[0][0] if events else math.inf,
                        next_send if cc.bytes_in_flight + MSS <= cc.congestion_window
-                       else math.inf)
+                       and not starved else math.inf)
+            if starved:
+                wake = min(wake, now + 0.001)  # the application hands over more later
             now = max(now, wake)
             while events and events[0][0] <= now:
                 _, _, kind, packet = heapq.heappop(events)
@@ -110,6 +116,34 @@ def test_startup_doubles_then_drains_into_probe_bw() -> None:
     assert 0.85 * RATE <= cc.btl_bw <= 1.1 * RATE
     assert cc.min_rtt == pytest.approx(path.rtt, rel=0.1)
     assert path.delivered >= 0.8 * RATE * 3.0
+
+
+def test_an_idle_start_does_not_end_startup() -> None:
+    """A session trickles a packet per round trip for a second (control messages) before
+    the bulk data: those rounds are application-limited and do not count as a full pipe;
+    STARTUP then finds the path's rate."""
+    cc = BbrCongestionControl(max_datagram_size=MSS)
+    path = Path(rate=lambda t: RATE,
+                supply=lambda t: MSS * (1 + t / 0.04) if t < 1.0 else math.inf)
+    path.run(cc, 3.0)
+    assert cc.round_count >= 20
+    assert [mode for t, mode, *_ in path.trace if t < 1.0] == [
+        Mode.STARTUP] * sum(1 for t, *_ in path.trace if t < 1.0)
+    assert 0.85 * RATE <= cc.btl_bw <= 1.1 * RATE
+    assert _modes(path.trace)[:3] == [Mode.STARTUP, Mode.DRAIN, Mode.PROBE_BW]
+
+
+def test_an_idle_sender_keeps_its_model() -> None:
+    """Bulk data, then a second of a packet per round trip, then bulk again: the idle
+    rounds do not age the bandwidth estimate out."""
+    cc = BbrCongestionControl(max_datagram_size=MSS)
+
+    def supply(t: float) -> float:
+        return math.inf if t < 1.5 or t >= 2.5 else RATE * 1.5 + MSS * (t - 1.5) / 0.04
+
+    path = Path(rate=lambda t: RATE, supply=supply)
+    path.run(cc, 2.45)
+    assert 0.85 * RATE <= cc.btl_bw <= 1.1 * RATE
 
 
 def test_probe_bw_cycles_its_gains() -> None:

@@ -18,6 +18,12 @@ data in flight to :data:`CWND_GAIN` bandwidth-delay products:
 * PROBE_RTT, when the minimum RTT is :data:`MIN_RTT_WINDOW` old, halves the window for
   :data:`PROBE_RTT_DURATION` (and a round) to measure it again.
 
+A packet sent with well below what the window and pacing allow in flight
+(:data:`APP_LIMITED_SHARE`) is application-limited: its delivery rate may raise the
+estimate but not age it out, and rounds of such packets do not count toward a full pipe
+(a session's control messages before the data comes ended STARTUP at 0.9 MiB/s through
+kvcs-wanem at 80 ms; the transfer then started in PROBE_BW).
+
 Loss below :data:`LOSS_THRESHOLD` of a round's packets is not a congestion signal (random
 loss on a long path). Above it, and with at least :data:`LOSS_MIN_PACKETS` packets lost
 in the round (BBRv2's rule), the window is capped at :data:`BETA` times what was in
@@ -63,6 +69,9 @@ LOSS_MIN_PACKETS = 8
 packets loses 2% often by chance (BBRv2 needs 8 loss events to leave STARTUP)."""
 BETA = 0.7
 """Share of what was in flight kept when loss counts as congestion."""
+APP_LIMITED_SHARE = 0.8
+"""A packet sent with less than this share of what the window and the pacing rate allow
+in flight is application-limited."""
 MIN_WINDOW_PACKETS = 4
 INITIAL_WINDOW_PACKETS = 10
 PROBE_BW_START = 2
@@ -84,12 +93,14 @@ class _Sent:
     """Delivery state when a packet left (the delivery-rate estimation of
     draft-cheng-iccrg-delivery-rate-estimation)."""
 
-    __slots__ = ("delivered", "delivered_time", "first_sent_time")
+    __slots__ = ("app_limited", "delivered", "delivered_time", "first_sent_time")
 
-    def __init__(self, delivered: int, delivered_time: float, first_sent_time: float) -> None:
+    def __init__(self, delivered: int, delivered_time: float, first_sent_time: float,
+                 app_limited: bool) -> None:
         self.delivered = delivered
         self.delivered_time = delivered_time
         self.first_sent_time = first_sent_time
+        self.app_limited = app_limited
 
 
 class BbrCongestionControl(QuicCongestionControl):
@@ -125,6 +136,7 @@ class BbrCongestionControl(QuicCongestionControl):
         self._round_delivered_start = 0
         self._cut_this_round = False
         self._cut_this_cycle = False
+        self._round_busy = False
 
     # ------------------------------------------------------------------ the model
 
@@ -157,8 +169,14 @@ class BbrCongestionControl(QuicCongestionControl):
         now = float(packet.sent_time or 0.0)
         if self.bytes_in_flight == 0:
             self._first_sent_time = self._delivered_time = now
+        # sent with well below what the window and the pacing rate allow in flight: the
+        # application had no more to send (a paced sender keeps pacing rate x RTT in flight)
+        allowed = self.congestion_window
+        if not math.isinf(self.min_rtt):
+            allowed = min(allowed, int(self.pacing_rate * self.min_rtt))
+        app_limited = self.bytes_in_flight < APP_LIMITED_SHARE * allowed
         self._sent[(packet.epoch, packet.packet_number)] = _Sent(
-            self.delivered, self._delivered_time, self._first_sent_time)
+            self.delivered, self._delivered_time, self._first_sent_time, app_limited)
         self.bytes_in_flight += packet.sent_bytes
 
     def on_packet_acked(self, *, now: float, packet: QuicSentPacket) -> None:
@@ -175,8 +193,14 @@ class BbrCongestionControl(QuicCongestionControl):
         interval = max(sent_time - sent.first_sent_time, now - sent.delivered_time)
         self._first_sent_time = sent_time
         # an interval below the min RTT comes from compressed ACKs: it overestimates
+        if not sent.app_limited:
+            self._round_busy = True
         if interval > 0 and (interval >= self.min_rtt or math.isinf(self.min_rtt)):
-            self._add_bw((self.delivered - sent.delivered) / interval)
+            rate = (self.delivered - sent.delivered) / interval
+            # an application-limited sample says little about the path: it may raise the
+            # estimate, not age the others out (a sender that idles keeps its model)
+            if not sent.app_limited or rate >= self.btl_bw:
+                self._add_bw(rate)
         self._update_mode(now)
         self._update_cwnd(size)
 
@@ -225,14 +249,15 @@ class BbrCongestionControl(QuicCongestionControl):
     # ------------------------------------------------------------------ internals
 
     def _start_round(self) -> None:
+        busy, self._round_busy = self._round_busy, False
         self._next_round_delivered = self.delivered
         self.round_count += 1
         self._round_lost = self._round_lost_packets = 0
         self._round_delivered_start = self.delivered
         self._cut_this_round = False
-        while self._bw and self._bw[0][0] <= self.round_count - BW_WINDOW_ROUNDS:
-            self._bw.popleft()
-        if not self.filled_pipe and self._bw:  # three rounds without 25% more: full
+        # three busy rounds without 25% more: full (an idle sender's rounds do not count:
+        # a session's control messages before the data comes would end STARTUP)
+        if not self.filled_pipe and self._bw and busy:
             if self.btl_bw >= self._full_bw * FULL_BW_GROWTH:
                 self._full_bw, self._full_bw_count = self.btl_bw, 0
             else:
@@ -241,6 +266,8 @@ class BbrCongestionControl(QuicCongestionControl):
 
     def _add_bw(self, rate: float) -> None:
         bw = self._bw
+        while bw and bw[0][0] <= self.round_count - BW_WINDOW_ROUNDS:
+            bw.popleft()
         while bw and bw[-1][1] <= rate:
             bw.pop()
         bw.append((self.round_count, rate))
@@ -292,6 +319,7 @@ class BbrCongestionControl(QuicCongestionControl):
             if not self._cut_this_cycle:
                 self.inflight_hi = math.inf
             self._cut_this_cycle = False
+        self._round_busy = False
 
     def _probe_rtt(self, now: float) -> None:
         if self._probe_rtt_done is None:
