@@ -6,8 +6,19 @@ loss 0, 0.1 and 1% each way):
     publisher -> relay -> kvcs-wanem (RTT/2 and loss each way) -> consumer
 
 Publisher and relay are on one site (loopback, unimpaired); the relay's QUIC stack sends
-the cache over the long path, so its congestion control is what is compared: qh3's
-controller on the kvcs relay, noq's (a quinn fork) on moq-dev's. Both carry the same kvcs
+the cache over the long path, so its congestion control is what is compared. kvcs runs
+in the configuration :data:`KVCS_CONFIG` (chosen by measurement, docs/perf-profile.md,
+"Long-haul congestion control"), as the design runs a link across sites:
+
+    publisher -> relay (site A) -> its upstream link, aioquic + bbr, through kvcs-wanem
+              -> relay (site B) -> consumer
+
+(``tree:aioquic:bbr``: both relays on qh3 for their local links, the upstream link on
+aioquic with kvcs's BBR-style controller); ``KVCS_BENCH_WAN_KVCS`` picks others
+(``qh3``: one kvcs relay on qh3 in moq-dev's place; ``aioquic:cubic``; ``tree:qh3``), the
+first being the headline and the rest, :data:`REFERENCE_CONFIGS` by default, measured
+beside it in each row's ``kvcs_others``. moq-dev's relay runs noq's controller (a quinn
+fork). Both carry the same kvcs
 traffic with the interop options of docs/interop.md (as the e2e suite's moq-dev
 comparison); kvcs parties send 1452-byte datagrams (a 1500-byte MTU), moq-dev's relay its
 own 1200 (:data:`bench._relays.MOQDEV_DATAGRAM`). Every run is on fresh sessions and a fresh
@@ -19,7 +30,9 @@ sqrt(p), ~0.25 MiB/s at 80 ms and 1%); ``KVCS_BENCH_WAN_MIB`` sets one size for 
 profile (a smoke run). Figures: ``wan_goodput`` (per profile: MiB/s of each stack, the
 forwarder's loss counts), ``wan_ratio_vs_moqdev`` (kvcs / moq-dev at 80 ms and 0.1%),
 ``wan_identical`` (every byte identical under every profile, both stacks), the forwarder's
-own capacity (a 1 s raw UDP blast) and the congestion control each QUIC library offers.
+own capacity (a 1 s raw UDP blast), the kvcs configuration (``wan_kvcs_config``) and the
+congestion control each QUIC library offers. ``KVCS_BENCH_WAN_PROFILES=80:0.001,20:0.01``
+runs some profiles only.
 """
 
 from __future__ import annotations
@@ -31,13 +44,22 @@ from typing import Any
 
 from bench._kvcache import CacheSpec, move, tokens_for
 from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY
-from bench._relays import MOQDEV_DATAGRAM, moqdev_available, relay_process
+from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
 from bench.wanem import PROFILES, ForwarderUnavailable, Link, WanForwarder, blast, build
 from kvcs.transport import ensure_dev_certificate
 
-KVCS_CONFIG = "qh3"
-"""The kvcs relay's QUIC library and congestion controller on the long path
-(``library[:controller]``, the controller being aioquic's), recorded in the details."""
+KVCS_CONFIG = "tree:aioquic:bbr"
+"""kvcs's configuration on the long path, recorded in the details: ``library[:controller]``
+(one kvcs relay on that library and aioquic controller) or ``tree:library[:controller]``
+(:data:`TREE`). BBR over aioquic on the upstream link beat qh3 3-7x wherever there was
+loss (docs/perf-profile.md); the upstream link keeps aioquic's CPU cost off the local
+links (one aioquic relay for both directions ran at half the tree's rate at 80 ms)."""
+REFERENCE_CONFIGS = ("qh3",)
+"""Measured beside :data:`KVCS_CONFIG` by default: one kvcs relay on qh3 (its controller
+cannot be chosen), the configuration before the choice."""
+TREE = "tree:"
+"""A configuration ``tree:library[:controller]``: two kvcs relays, the long path being the
+publisher site's relay's upstream link on ``library[:controller]`` (:func:`_tree`)."""
 CONFIGS_ENV = "KVCS_BENCH_WAN_KVCS"
 """Comma-separated kvcs configurations to run (``qh3,aioquic:reno,aioquic:cubic``): the
 first is the headline (``kvcs_*`` keys), the others go to each row's ``kvcs_others``."""
@@ -55,7 +77,8 @@ HEADLINE = (80, 0.001)
 CONGESTION_CONTROL = {
     "qh3": "one built-in controller, not selectable: qh3 2.1.0's QuicConfiguration has no "
            "congestion-control field (2.1.0 is the newest release)",
-    "aioquic": "reno (default) or cubic: QuicSettings.congestion_control",
+    "aioquic": "reno (default), cubic or bbr (kvcs/transport/quic/bbr.py): "
+               "QuicSettings.congestion_control",
     "moq-dev": "noq (quinn fork) default controller, not configurable through moq-ffi",
 }
 
@@ -70,25 +93,52 @@ def _config(name: str) -> tuple[str, str | None]:
     return library, controller or None
 
 
+def _port(relay: RelayProcess) -> int:
+    return int(relay.url.rsplit(":", 1)[1].strip("/"))
+
+
 async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
                seed: int, config: str = KVCS_CONFIG) -> dict[str, Any]:
     """One live transfer through a fresh relay of ``kind`` (kvcs: on ``config``) and a
     fresh forwarder."""
+    if kind == "kvcs" and config.startswith(TREE):
+        return await _tree(cert_dir, rtt, loss, spec, seed, config[len(TREE):])
     size, library, controller = None, None, None
     if kind == "kvcs":
         size = spec.datagram_size
         library, controller = _config(config)
     with relay_process(kind, cert_dir, datagram_size=size, library=library,
                        congestion_control=controller) as relay:
-        port = int(relay.url.rsplit(":", 1)[1].strip("/"))
         link = Link.profile(rtt, loss)
-        async with WanForwarder("127.0.0.1", port, seed=seed, up=link, down=link) as wan:
+        async with WanForwarder("127.0.0.1", _port(relay), seed=seed, up=link,
+                                down=link) as wan:
             got = await move(relay.url, relay.pin, f"moqt://127.0.0.1:{wan.port}/", spec,
                              RUN_TIMEOUT)
         down, up = wan.down_counters, wan.up_counters
     return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
             "identical": got["identical"], "rejected": got["rejected"],
             "lost_down": down.lost, "lost_up": up.lost, "datagrams_down": down.datagrams_in}
+
+
+async def _tree(cert_dir: str, rtt: int, loss: float, spec: CacheSpec, seed: int,
+                transport: str) -> dict[str, Any]:
+    """The cache across sites as the design runs it: publisher -> the publisher site's
+    relay -> its upstream link, on ``transport`` (``library[:controller]``), through the
+    forwarder -> the consumer site's relay -> consumer. Both relays run this process's
+    library; the data crosses the path upward (``up`` counters)."""
+    size = spec.datagram_size
+    with relay_process("kvcs", cert_dir, datagram_size=size) as far:
+        link = Link.profile(rtt, loss)
+        async with WanForwarder("127.0.0.1", _port(far), seed=seed, up=link,
+                                down=link) as wan:
+            with relay_process("kvcs", cert_dir, datagram_size=size,
+                               upstream=f"moqt://127.0.0.1:{wan.port}/",
+                               upstream_transport=transport) as near:
+                got = await move(near.url, near.pin, far.url, spec, RUN_TIMEOUT)
+        down, up = wan.down_counters, wan.up_counters
+    return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
+            "identical": got["identical"], "rejected": got["rejected"],
+            "lost_down": down.lost, "lost_up": up.lost, "datagrams_up": up.datagrams_in}
 
 
 def main() -> dict[str, Any]:
@@ -103,8 +153,8 @@ def main() -> dict[str, Any]:
           f"datagrams, {capacity['forwarder_cpu_ms_per_mib']:.2f} ms of CPU per MiB "
           f"(load {capacity['load_average']})")
     fixed = os.environ.get(SIZE_ENV)
-    configs = [c.strip() for c in os.environ.get(CONFIGS_ENV, KVCS_CONFIG).split(",")
-               if c.strip()]
+    configs = [c.strip() for c in os.environ.get(
+        CONFIGS_ENV, ",".join((KVCS_CONFIG, *REFERENCE_CONFIGS))).split(",") if c.strip()]
     profiles = PROFILES
     if os.environ.get(PROFILES_ENV):
         profiles = tuple((int(r), float(p)) for r, _, p in (
