@@ -160,6 +160,16 @@ class StreamsOutstanding:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestsWaiting:
+    """``count`` new requests of the peer wait, undecoded, for the session's request rate
+    (``SessionConfig.request_rate``): the binding calls :meth:`Session.resume_requests
+    <kvcs.moqt.session.Session.resume_requests>` in ``delay`` seconds."""
+
+    count: int
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFailed:
     """Our request's stream ended or was reset without the response the draft requires."""
 
@@ -236,6 +246,7 @@ Event = (
     | PublishSkippedReceived
     | SubscriptionEnded
     | StreamsOutstanding
+    | RequestsWaiting
     | RequestFailed
     | ObjectReceived
     | RangeMarkerReceived

@@ -104,6 +104,8 @@ class SessionUsage:
     """Charged to ``max_data_bytes``."""
     early_bytes: int
     """Charged to ``setup_buffer_limit`` (input kept before the peer's SETUP)."""
+    waiting_requests: int = 0
+    """New requests of the peer waiting, undecoded, for ``request_rate``."""
 
 
 class Session:
@@ -286,6 +288,16 @@ class Session:
         elif self._uni_prefix.pop(sid, None) is None:
             self._data.reset(sid, code)
 
+    def resume_requests(self) -> None:
+        """Decode the peer's waiting requests whose turn has come (after
+        :class:`~kvcs.moqt.events.RequestsWaiting`; ``config.request_rate``)."""
+        if self._out.closed is not None:
+            return
+        try:
+            self._ctl.resume_requests()
+        except ProtocolError as exc:
+            self._fail(exc)
+
     def stop_sending(self, stream_id: int, code: int) -> None:
         """The peer asked us to stop sending on a stream (STOP_SENDING)."""
         if self._out.closed is not None:
@@ -391,6 +403,7 @@ class Session:
             control_bytes=self._ctl.budget.used,
             data_bytes=self._data.budget.used,
             early_bytes=self._early_bytes,
+            waiting_requests=len(self._ctl.gate) if self._ctl.gate is not None else 0,
         )
 
     def subscription_info(self, request_id: int) -> Request:

@@ -206,10 +206,13 @@ class Relay:
         try:
             if cfg.upstream:
                 await self._connect_upstream()
+            lim = self.admission.limits
             self.server = await serve_sessions(host, port, self._on_connection,
                                                certfile=certfile, keyfile=keyfile,
                                                settings=self.settings,
-                                               implementation=IMPLEMENTATION)
+                                               implementation=IMPLEMENTATION,
+                                               request_rate=lim.request_rate,
+                                               request_burst=lim.request_burst)
         except OSError as exc:
             await self._close_started()
             if isinstance(exc, ConnectionError):

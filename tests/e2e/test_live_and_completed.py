@@ -10,7 +10,7 @@ import pytest
 
 from kvcs.kvnet.consumer import KvConsumer, KvLayer
 from kvcs.kvnet.publisher import KvPublisher, PublicationError
-from kvcs.testing import LocalNet
+from kvcs.testing import LocalNet, reached
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .helpers import produce_slowly, publish_cache
@@ -24,7 +24,7 @@ async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None
     pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
     await pub.start()
     task, started = produce_slowly(pub, data, started_after=1, pause=0.15)
-    await started.wait()  # the consumer joins while layers 2.. are still to come
+    await reached(started, task)  # the consumer joins while layers 2.. are still to come
     consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT)
     found = await consumer.discover()
     assert found is not None and found.prefix_blocks == BLOCKS

@@ -125,6 +125,12 @@ def test_paged_layout_round_trip() -> None:
     gk, gv = layout.gather(kv, [4, 1])
     assert np.array_equal(gk.view(np.int16), _numpy(k).view(np.int16))
     assert np.array_equal(gv.view(np.int16), _numpy(v).view(np.int16))
+    # float32 caches (the demo's) take the same path without the bfloat16 view
+    kv32 = torch.zeros((6, 2, 32, 128), dtype=torch.float32)
+    layout.scatter(kv32, [2, 5], k.float().numpy(), v.float().numpy())
+    assert torch.equal(kv32.view(6, 2, 64, 64)[5, :, 32:].permute(1, 0, 2), v[32:].float())
+    gk, _ = layout.gather(kv32, [2, 5])
+    assert np.array_equal(gk, k.float().numpy())
     with pytest.raises(ConnectorConfigError, match="CPU backend"):
         layout.check("x", torch.zeros((6, 2, 2, 32, 64)))
 
