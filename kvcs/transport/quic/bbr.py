@@ -90,20 +90,6 @@ class Mode(enum.Enum):
     PROBE_RTT = "probe_rtt"
 
 
-class _Sent:
-    """Delivery state when a packet left (the delivery-rate estimation of
-    draft-cheng-iccrg-delivery-rate-estimation)."""
-
-    __slots__ = ("app_limited", "delivered", "delivered_time", "first_sent_time")
-
-    def __init__(self, delivered: int, delivered_time: float, first_sent_time: float,
-                 app_limited: bool) -> None:
-        self.delivered = delivered
-        self.delivered_time = delivered_time
-        self.first_sent_time = first_sent_time
-        self.app_limited = app_limited
-
-
 class BbrCongestionControl(QuicCongestionControl):
     """aioquic congestion controller following a bandwidth and min-RTT model."""
 
@@ -113,7 +99,10 @@ class BbrCongestionControl(QuicCongestionControl):
         self.mode = Mode.STARTUP
         self.pacing_gain = STARTUP_GAIN
         self.cwnd_gain = STARTUP_GAIN
-        self._sent: dict[tuple[Any, int], _Sent] = {}
+        # delivery state when each packet left (draft-cheng-iccrg-delivery-rate-estimation):
+        # (delivered, delivered time, first sent time, application-limited), by id() of
+        # aioquic's packet object, which lives until it is acknowledged, lost or expired
+        self._sent: dict[int, tuple[int, float, float, bool]] = {}
         self.delivered = 0
         self._delivered_time = 0.0
         self._first_sent_time = 0.0
@@ -139,19 +128,31 @@ class BbrCongestionControl(QuicCongestionControl):
         self._loss_time = 0.0
         self._cut_this_cycle = False
         self._round_busy = False
+        # derived from the model, refreshed when it changes (_refresh), not per packet
+        self._btl_bw = 0.0
+        self._bdp = float(INITIAL_WINDOW_PACKETS * self._mss)
+        self._target = self._bdp
+        self._pace_inflight = math.inf
+        self._refresh()
 
     # ------------------------------------------------------------------ the model
 
     @property
     def btl_bw(self) -> float:
         """Bottleneck bandwidth estimate (bytes/s; 0 before the first sample)."""
-        return self._bw[0][1] if self._bw else 0.0
+        return self._btl_bw
 
     def bdp(self, gain: float = 1.0) -> float:
         """``gain`` bandwidth-delay products (bytes; the initial window without a model)."""
-        if not self._bw or math.isinf(self.min_rtt):
-            return gain * INITIAL_WINDOW_PACKETS * self._mss
-        return gain * self.btl_bw * self.min_rtt
+        return gain * self._bdp
+
+    def _refresh(self) -> None:
+        """Recompute what derives from the model (bandwidth, min RTT, gains)."""
+        self._btl_bw = bw = self._bw[0][1] if self._bw else 0.0
+        known = bw > 0 and not math.isinf(self.min_rtt)
+        self._bdp = bw * self.min_rtt if known else float(INITIAL_WINDOW_PACKETS * self._mss)
+        self._target = self.cwnd_gain * self._bdp + 3 * self._mss  # + BBR's quantisation
+        self._pace_inflight = self.pacing_gain * self._bdp if known else math.inf
 
     @property
     def pacing_rate(self) -> float:
@@ -162,9 +163,6 @@ class BbrCongestionControl(QuicCongestionControl):
         rtt = self.min_rtt if not math.isinf(self.min_rtt) else (self._srtt or 0.1)
         return STARTUP_GAIN * self.congestion_window / max(rtt, 1e-3)
 
-    def _target_cwnd(self) -> float:
-        return self.bdp(self.cwnd_gain) + 3 * self._mss  # + BBR's quantisation budget
-
     # ------------------------------------------------------------------ aioquic events
 
     def on_packet_sent(self, *, packet: QuicSentPacket) -> None:
@@ -173,12 +171,9 @@ class BbrCongestionControl(QuicCongestionControl):
             self._first_sent_time = self._delivered_time = now
         # sent with well below what the window and the pacing rate allow in flight: the
         # application had no more to send (a paced sender keeps pacing rate x RTT in flight)
-        allowed = self.congestion_window
-        if not math.isinf(self.min_rtt):
-            allowed = min(allowed, int(self.pacing_rate * self.min_rtt))
-        app_limited = self.bytes_in_flight < APP_LIMITED_SHARE * allowed
-        self._sent[(packet.epoch, packet.packet_number)] = _Sent(
-            self.delivered, self._delivered_time, self._first_sent_time, app_limited)
+        allowed = min(self.congestion_window, self._pace_inflight)
+        self._sent[id(packet)] = (self.delivered, self._delivered_time, self._first_sent_time,
+                                  self.bytes_in_flight < APP_LIMITED_SHARE * allowed)
         self.bytes_in_flight += packet.sent_bytes
         if self.bytes_in_flight > self._round_max_inflight:
             self._round_max_inflight = self.bytes_in_flight
@@ -188,22 +183,23 @@ class BbrCongestionControl(QuicCongestionControl):
         self.bytes_in_flight -= size
         self.delivered += size
         self._delivered_time = now
-        sent = self._sent.pop((packet.epoch, packet.packet_number), None)
+        sent = self._sent.pop(id(packet), None)
         if sent is None:
             return
-        if sent.delivered >= self._next_round_delivered:
+        delivered, delivered_time, first_sent_time, app_limited = sent
+        if delivered >= self._next_round_delivered:
             self._start_round()
         sent_time = float(packet.sent_time or now)
-        interval = max(sent_time - sent.first_sent_time, now - sent.delivered_time)
+        interval = max(sent_time - first_sent_time, now - delivered_time)
         self._first_sent_time = sent_time
-        # an interval below the min RTT comes from compressed ACKs: it overestimates
-        if not sent.app_limited:
+        if not app_limited:
             self._round_busy = True
+        # an interval below the min RTT comes from compressed ACKs: it overestimates
         if interval > 0 and (interval >= self.min_rtt or math.isinf(self.min_rtt)):
-            rate = (self.delivered - sent.delivered) / interval
+            rate = (self.delivered - delivered) / interval
             # an application-limited sample says little about the path: it may raise the
             # estimate, not age the others out (a sender that idles keeps its model)
-            if not sent.app_limited or rate >= self.btl_bw:
+            if not app_limited or rate >= self._btl_bw:
                 self._add_bw(rate)
         self._update_mode(now)
         self._update_cwnd(size)
@@ -211,7 +207,7 @@ class BbrCongestionControl(QuicCongestionControl):
     def on_packets_expired(self, *, packets: Iterable[QuicSentPacket]) -> None:
         for packet in packets:
             self.bytes_in_flight -= packet.sent_bytes
-            self._sent.pop((packet.epoch, packet.packet_number), None)
+            self._sent.pop(id(packet), None)
 
     def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
         # counted here, judged when the round ends (_start_round): early in a round the
@@ -219,7 +215,7 @@ class BbrCongestionControl(QuicCongestionControl):
         # like 2% at 1% random loss and ended STARTUP (80 ms, 1%, kvcs-wanem)
         for packet in packets:
             self.bytes_in_flight -= packet.sent_bytes
-            self._sent.pop((packet.epoch, packet.packet_number), None)
+            self._sent.pop(id(packet), None)
             self._round_lost += packet.sent_bytes
             self._round_lost_packets += 1
         self._loss_time = now
@@ -247,7 +243,10 @@ class BbrCongestionControl(QuicCongestionControl):
         self._srtt = rtt if not self._srtt else 0.875 * self._srtt + 0.125 * rtt
         expired = not math.isinf(self.min_rtt) and now - self._min_rtt_stamp > MIN_RTT_WINDOW
         if rtt <= self.min_rtt or expired:
+            changed = rtt != self.min_rtt
             self.min_rtt, self._min_rtt_stamp = rtt, now
+            if changed:
+                self._refresh()
         if expired and self.mode is not Mode.PROBE_RTT:
             self._enter(Mode.PROBE_RTT, now)  # measure it anew with a small window
 
@@ -283,6 +282,8 @@ class BbrCongestionControl(QuicCongestionControl):
         while bw and bw[-1][1] <= rate:
             bw.pop()
         bw.append((self.round_count, rate))
+        if bw[0][1] != self._btl_bw:
+            self._refresh()
 
     def _enter(self, mode: Mode, now: float) -> None:
         if mode is Mode.PROBE_RTT:
@@ -297,6 +298,7 @@ class BbrCongestionControl(QuicCongestionControl):
                             Mode.PROBE_RTT: 1.0,
                             Mode.PROBE_BW: PROBE_BW_GAINS[self._cycle_index]}[mode]
         self.cwnd_gain = STARTUP_GAIN if mode in (Mode.STARTUP, Mode.DRAIN) else CWND_GAIN
+        self._refresh()
 
     def _update_mode(self, now: float) -> None:
         mode = self.mode
@@ -327,11 +329,11 @@ class BbrCongestionControl(QuicCongestionControl):
         self._cycle_index = (self._cycle_index + 1) % len(PROBE_BW_GAINS)
         self._cycle_stamp = now
         self.pacing_gain = PROBE_BW_GAINS[self._cycle_index]
+        self._refresh()
         if self._cycle_index == 0:  # a new probe: lift the loss cap after a clean cycle
             if not self._cut_this_cycle:
                 self.inflight_hi = math.inf
             self._cut_this_cycle = False
-        self._round_busy = False
 
     def _probe_rtt(self, now: float) -> None:
         if self._probe_rtt_done is None:
@@ -350,7 +352,7 @@ class BbrCongestionControl(QuicCongestionControl):
 
     def _update_cwnd(self, acked: int) -> None:
         cwnd: float = self.congestion_window
-        target = self._target_cwnd()
+        target = self._target
         if self.filled_pipe:
             cwnd = min(cwnd + acked, target)
         elif cwnd < target or self.delivered < INITIAL_WINDOW_PACKETS * self._mss:
