@@ -57,6 +57,7 @@ from .errors import ContainerError, ManifestError, VerificationError
 from .ids import CompatDescriptor
 from .manifest import Manifest, Segment
 from .payload import verify_payload
+from .prefault import prefault
 from .secure import SecureObjects, UnknownKeyIdError, open_object
 from .secure_wire import IN_BAND_MAGIC
 from .tracks import TrackName
@@ -210,6 +211,8 @@ class _LayerBuffer:
         if arrays is None:
             k = np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype)
             v = np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype)
+            prefault(k)  # every row is written: fault the pages in at once
+            prefault(v)
         else:
             k, v = check_layer_arrays(desc, rows, arrays)
         return cls(k, v, bytearray(blocks), bytearray(blocks))
