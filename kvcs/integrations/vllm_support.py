@@ -28,11 +28,12 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..endpoint import Endpoint, MoqtRequestError
+from ..endpoint import Endpoint
 from ..kv.cose import Keyring, ProducerKey
-from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
+from ..kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
 from ..kv.scopefile import ScopeFile, ScopeFileError, load_scope_file
 from ..kv.secure import SecureObjects
+from ..kvnet.discovery import NamespaceIndex, scope_prefix
 from ..moqt.wire import AuthToken
 from ..transport import QuicSettings
 
@@ -271,7 +272,7 @@ class Relays:
         self._endpoints: dict[str, Endpoint] = {}
         self._lock: asyncio.Lock | None = None
         self._reconnecting: asyncio.Future[list[Endpoint]] | None = None
-        self.indexes: dict[tuple[int, tuple[bytes, ...]], ScopeIndex] = {}
+        self.indexes: dict[tuple[int, tuple[bytes, ...]], NamespaceIndex] = {}
         """(session, namespace prefix) -> its live index (:func:`scope_index`)."""
         self._last_attempt = 0.0
 
@@ -349,84 +350,20 @@ class Match:
     """Index of the relay session it was found on."""
 
 
-SETTLE_S = 0.05
-"""What opening a scope's index waits for the NAMESPACE messages of what is published already
-when the relay does not take the REQUEST_UPDATE that confirms the list is whole
-(:meth:`~kvcs.endpoint.NamespaceWatch.sync`; a kvcs relay does, and a relay below another
-one answers it once its upstream did)."""
-
-
-class ScopeIndex:
-    """The publications of one (scope, CompatID) on one relay, kept current by ONE standing
-    SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID): every publication's AnchorKey is
-    the Block Key of its last block, so a prompt's longest published prefix is the highest
-    index at which one of its Block Keys is an AnchorKey here: a lookup is a table lookup,
-    and a miss costs no round trip."""
-
-    def __init__(self, endpoint: Endpoint, prefix: tuple[bytes, ...]) -> None:
-        self.endpoint = endpoint
-        self.prefix = prefix
-        self.anchors: dict[bytes, tuple[bytes, ...]] = {}
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return (self.task is not None and not self.task.done()
-                and not self.endpoint.is_closed)
-
-    async def open(self, timeout: float) -> None:
-        """Subscribe and take what is published now (within ``timeout``)."""
-        watch = await asyncio.wait_for(self.endpoint.subscribe_namespace(self.prefix), timeout)
-        try:  # one round trip: the relay answers after the NAMESPACEs of all it knows
-            await asyncio.wait_for(watch.sync(), timeout)
-        except (TimeoutError, MoqtRequestError) as exc:
-            log.info("kvcs: namespace list not confirmed whole (%s)", exc or "no answer")
-            await asyncio.sleep(SETTLE_S)
-        for ns in list(watch.current):
-            self._take(True, ns)
-        # the changes queued so far (the same namespaces) and every later one
-        self.task = asyncio.ensure_future(self._follow(watch))
-
-    async def _follow(self, watch: Any) -> None:
-        try:
-            async for change in watch:
-                self._take(*change)
-        except Exception as exc:  # the session ended: the index is reopened on next use
-            log.info("kvcs: namespace watch ended: %s", exc)
-
-    def _take(self, added: bool, ns: Sequence[bytes]) -> None:
-        try:
-            kns = KvcsNamespace.from_fields(ns)
-        except ValueError:
-            return
-        if added:
-            self.anchors[kns.anchor_key] = tuple(ns)
-        elif self.anchors.get(kns.anchor_key) == tuple(ns):
-            del self.anchors[kns.anchor_key]
-
-    def longest(self, keys: Sequence[bytes]) -> tuple[tuple[bytes, ...], int]:
-        """(namespace fields, blocks) of the longest published prefix of ``keys``; blocks 0:
-        none."""
-        for i in range(len(keys) - 1, -1, -1):
-            fields = self.anchors.get(keys[i])
-            if fields is not None:
-                return fields, i + 1
-        return (), 0
-
-
 async def scope_index(relays: Relays, scope: ScopeKey, compat_id: bytes,
-                      timeout: float) -> tuple[ScopeIndex | None, int]:
-    """The live index of (scope, CompatID) on the first open relay session, opened if
-    needed; with the round trips it took (0 or 1). None: no relay session is open."""
+                      timeout: float) -> tuple[NamespaceIndex | None, int]:
+    """The standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`) of (scope,
+    CompatID) on the first open relay session, opened if needed; with the round trips it
+    took (0 or 1). None: no relay session is open."""
     eps = relays.ready()
     if not eps:
         return None, 0
-    prefix = (b"kvcs-1", scope_id(scope), compat_id)
-    key = (id(eps[0]), prefix)
+    sid = scope_id(scope)
+    key = (id(eps[0]), scope_prefix(sid, compat_id))
     index = relays.indexes.get(key)
     if index is not None and index.alive:
         return index, 0
-    index = ScopeIndex(eps[0], prefix)
+    index = NamespaceIndex(eps[0], sid, compat_id)
     await index.open(timeout)
     relays.indexes[key] = index
     return index, 1
