@@ -51,9 +51,10 @@ from kvcs.transport import ensure_dev_certificate
 KVCS_CONFIG = "tree:aioquic:bbr"
 """kvcs's configuration on the long path, recorded in the details: ``library[:controller]``
 (one kvcs relay on that library and aioquic controller) or ``tree:library[:controller]``
-(:data:`TREE`). BBR over aioquic on the upstream link beat qh3 3-7x wherever there was
-loss (docs/perf-profile.md); the upstream link keeps aioquic's CPU cost off the local
-links (one aioquic relay for both directions ran at half the tree's rate at 80 ms)."""
+(:data:`TREE`). BBR over aioquic on the upstream link ran 1.8-12x qh3 at 80 ms and 1%
+loss, 0.7-4.3x at 0.1% (docs/perf-profile.md); the upstream link keeps aioquic's CPU
+cost off the local links (one aioquic relay for both directions ran at half the tree's
+rate at 80 ms)."""
 REFERENCE_CONFIGS = ("qh3",)
 """Measured beside :data:`KVCS_CONFIG` by default: one kvcs relay on qh3 (its controller
 cannot be chosen), the configuration before the choice."""

@@ -566,10 +566,11 @@ class ControlPlane(RequestCalls):
         done = req.publish_done
         if done is None:
             return
+        missing = 0
         if waited:
+            missing = max(0, done.stream_count - req.streams_ended)
             log.info("subscription %d: %d of the %d streams PUBLISH_DONE counts never "
-                     "came: ended", req.request_id, done.stream_count - req.streams_ended,
-                     done.stream_count)
+                     "came: ended", req.request_id, missing, done.stream_count)
         elif done.stream_count != UNKNOWN_STREAM_COUNT:
             if req.streams_ended < done.stream_count:
                 return
@@ -577,7 +578,7 @@ class ControlPlane(RequestCalls):
             return
         self._data.unbind_alias(req)
         req.publish_done = None
-        self._out.event(ev.SubscriptionEnded(req.request_id, done))
+        self._out.event(ev.SubscriptionEnded(req.request_id, done, missing))
         self._forget_if_closed(req)
 
     def stop_waiting_for_streams(self, request_id: int) -> bool:

@@ -142,10 +142,14 @@ class PublishSkippedReceived:
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionEnded:
-    """PUBLISH_DONE arrived and all the streams it counted have ended."""
+    """PUBLISH_DONE arrived and all the streams it counted have ended, or the wait for
+    them expired (:class:`StreamsOutstanding`)."""
 
     request_id: int
     message: wire.PublishDone
+    streams_missing: int = 0
+    """Streams PUBLISH_DONE counts that never came (the wait expired): what they carried
+    is unknown, so the subscription cannot vouch for every object up to its end."""
 
 
 @dataclass(frozen=True, slots=True)
