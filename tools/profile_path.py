@@ -167,8 +167,9 @@ async def _role_publisher(ctl: _Control, cfg: dict[str, Any]) -> None:
     from kvcs.endpoint import Endpoint
     from kvcs.hosting import TrackHost
     from kvcs.kv.ids import ScopeKey
-    from kvcs.kvnet.publisher import KvPublisher
+    from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 
+    options = PublisherOptions(codec=cfg.get("codec", "raw"))
     settings = _settings(cfg["dgram"], cfg.get("quic"))
     tokens = cfg["tokens"]
     target: Any
@@ -188,7 +189,7 @@ async def _role_publisher(ctl: _Control, cfg: dict[str, Any]) -> None:
             await warm.put_layer(i, k[:WARM_TOKENS], v[:WARM_TOKENS])
         await warm.finish()
     for r in range(cfg["rounds"]):
-        pub = KvPublisher(target, scope, _desc(), _tokens(tokens, round_=r))
+        pub = KvPublisher(target, scope, _desc(), _tokens(tokens, round_=r), options)
         await pub.start()
         if cfg["live"]:
             ctl.say(ready=port)
@@ -228,7 +229,8 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
             pass
     held: list[Any] = []
     for r in range(cfg["rounds"]):
-        c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r))
+        c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r),
+                       codec=cfg.get("codec", "raw"))
         pub = await c.discover()
         assert pub is not None, f"publication of round {r} not found"
         manifest = await c.manifest(pub)
@@ -450,7 +452,8 @@ subgroup stream per layer and component); ``--mib`` sets how many publications (
 
 def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         rate: int, tag: str = "", perf_args: str = "", stream_mib: int = 0,
-        tokens: int = TOKENS, quic: dict[str, Any] | None = None) -> dict[str, Any]:
+        tokens: int = TOKENS, quic: dict[str, Any] | None = None,
+        codec: str = "raw") -> dict[str, Any]:
     """Run one topology once with ``profiler`` on every process; return the summary.
 
     KV topologies move ``mib`` MiB as consecutive publications of ``tokens`` tokens; the
@@ -468,7 +471,7 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     cert = ensure_dev_certificate(tmp)
     base: dict[str, Any] = {"dgram": dgram, "tmp": tmp, "tokens": tokens, "warm": True,
                             "rounds": rounds, "cert": str(cert.certfile),
-                            "key": str(cert.keyfile), "quic": quic or {}}
+                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec}
 
     def cfg(role: str, **extra: Any) -> dict[str, Any]:
         c = dict(base, **extra)
@@ -1065,6 +1068,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--out", default=str(ROOT / "profiles"))
     r.add_argument("--tag", default="", help="suffix of the run directory name")
     r.add_argument("--perf-args", default="", help="extra perf record options")
+    r.add_argument("--codec", default="raw", help="codec of the k/v tracks (raw, q8)")
     r.add_argument("--stream-mib", type=int, default=0,
                    help="raw: a new stream every N MiB (default: one stream)")
     a = sub.add_parser("analyze", help="tables of a run directory (also written as JSON)")
@@ -1089,7 +1093,8 @@ def main(argv: list[str]) -> int:
     elif args.cmd == "run":
         summary = run(args.topology, args.dgram, args.profiler, args.mib, Path(args.out),
                       args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens,
-                      {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)})
+                      {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)},
+                      args.codec)
         run_dir = Path(args.out) / summary["run"]
         print_report(analyze(run_dir) if args.profiler != "none" else {"summary": summary})
     elif args.cmd == "tables":
