@@ -288,12 +288,17 @@ async def test_publisher_killed_mid_publication(
                       ready="published")
     data = kv_cache(seed)
     budget = 2.0
+    layers_in = asyncio.Event()
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
-                          recompute_budget_s=budget)
+                          recompute_budget_s=budget,
+                          on_progress=lambda _w, i, _n: i == published - 1 and layers_in.set())
     found = await consumer.discover()
     assert found is not None
     retrieval = asyncio.create_task(consume(consumer, found))
-    await asyncio.sleep(0.3)  # the consumer is receiving
+    # the consumer has the published layers before the kill (a fixed 0.3 s was not enough
+    # at load 5: it had layer 0 only, and the rest went with the publisher)
+    await reached(layers_in, retrieval)
+    await asyncio.sleep(0.3)  # and the partial layer's blocks, sent right after them
     killed_at = time.monotonic()
     await child.kill()
     got = (await retrieval).judge(data)
