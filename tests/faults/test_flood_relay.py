@@ -99,9 +99,15 @@ async def _session(port: int, cafile: str, timeout: float = 10.0) -> tuple[Any, 
                          timeout=timeout)
     flooder = made[0]
     conn.attach(flooder)
-    while flooder.session.peer_setup is None:
-        flooder.wake.clear()
-        await asyncio.wait_for(flooder.wake.wait(), timeout)
+    try:
+        while flooder.session.peer_setup is None:
+            flooder.wake.clear()
+            await asyncio.wait_for(flooder.wake.wait(), timeout)
+    except BaseException:
+        # closed, not abandoned: a session whose SETUP answer came late (load 12) was
+        # left open, and the relay kept it until its idle timeout (60 s)
+        conn.close()
+        raise
     return conn, flooder
 
 

@@ -106,11 +106,12 @@ async def transfer(cert: DevCertificate, impairment: Impairment | None, seed: in
             await pub.start()
             found = await kv.discover()
             producing = asyncio.create_task(_produce(pub, data))
-            result = await consume(kv, found, workload=workload)
+            # longer than the consumer's answer (two budgets): its outcome, not a timeout
+            result = await consume(kv, found, workload=workload, timeout=2 * budget + 30)
             await producing
         else:
             await _produce(pub, data)
-            result = await consume(kv, workload=workload)
+            result = await consume(kv, workload=workload, timeout=2 * budget + 30)
         if impairment is not None:
             assert any(p.up_counters.dropped or p.down_counters.dropped
                        or p.up_counters.duplicated or p.up_counters.reordered
