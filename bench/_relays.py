@@ -1,13 +1,17 @@
 """Relays for the benchmarks, each in its own process: the kvcs relay and moq-dev/moq's.
 
 A relay runs as ``python -m bench._relays {kvcs|moq-dev} --cert-dir DIR
-[--datagram-size N]`` so that its QUIC library is chosen by the environment before kvcs is
-imported, and so that its CPU time is its own (``/proc/<pid>/stat``, every thread, which
-counts moq-dev's tokio threads too). It prints ``<port> <certificate sha256>`` once
-listening and stops on SIGTERM or when its standard input closes (the parent is gone).
+[--datagram-size N] [--congestion-control NAME] [--upstream URL [--upstream-transport
+LIBRARY[:CONTROLLER]]]`` so that its QUIC library is chosen by
+the environment before kvcs is imported, and so that its CPU time is its own
+(``/proc/<pid>/stat``, every thread, which counts moq-dev's tokio threads too). It prints
+``<port> <certificate sha256>`` once listening and stops on SIGTERM or when its standard
+input closes (the parent is gone).
 
 * ``kvcs``: :class:`kvcs.relay.Relay` (what ``kvcs relay`` runs), anonymous, with the
-  bench's loopback settings or ``--datagram-size``-byte datagrams.
+  bench's loopback settings or ``--datagram-size``-byte datagrams, and the aioquic
+  congestion controller ``--congestion-control``
+  (:attr:`kvcs.transport.QuicSettings.congestion_control`).
 * ``moq-dev``: ``moq.Server`` from moq-ffi (the ``interop`` extra) without origins, which
   relays between its sessions (docs/interop.md). Its QUIC stack (noq, a quinn fork)
   chooses its own datagram size: :data:`MOQDEV_DATAGRAM`.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -61,10 +66,15 @@ class RelayProcess:
 
 @contextlib.contextmanager
 def relay_process(kind: str, cert_dir: str, datagram_size: int | None = None,
-                  library: str | None = None) -> Iterator[RelayProcess]:
+                  library: str | None = None, congestion_control: str | None = None,
+                  upstream: str | None = None,
+                  upstream_transport: str | None = None) -> Iterator[RelayProcess]:
     """Start a relay of ``kind`` (certificate in ``cert_dir``); stop it on exit.
 
-    ``library`` runs the kvcs relay on another QUIC library than this process."""
+    ``library`` runs the kvcs relay on another QUIC library than this process,
+    ``congestion_control`` names its aioquic congestion controller; ``upstream`` (a URL
+    with the same certificate) chains it below another relay, its link on
+    ``upstream_transport`` (``library[:controller]``; None: the relay's)."""
     from bench._quic import LIBRARY_ENV
     from kvcs.testing import stop_process
 
@@ -72,6 +82,12 @@ def relay_process(kind: str, cert_dir: str, datagram_size: int | None = None,
     if library is not None:
         env[LIBRARY_ENV] = library
     size = ["--datagram-size", str(datagram_size)] if datagram_size else []
+    if congestion_control is not None:
+        size += ["--congestion-control", congestion_control]
+    if upstream is not None:
+        size += ["--upstream", upstream]
+    if upstream_transport is not None:
+        size += ["--upstream-transport", upstream_transport]
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench._relays", kind, "--cert-dir", cert_dir, *size],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -105,12 +121,24 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
-async def _run_kvcs(cert_dir: str, datagram_size: int | None) -> None:
+async def _run_kvcs(cert_dir: str, datagram_size: int | None,
+                    congestion_control: str | None, upstream: str | None,
+                    upstream_transport: str | None) -> None:
     from bench._quic import quic_settings
     from kvcs.relay import Relay, RelayConfig
+    from kvcs.transport import ensure_dev_certificate
 
-    relay = Relay(RelayConfig(listen="127.0.0.1:0", anonymous=True, cert_dir=cert_dir,
-                              log_level="warning"), settings=quic_settings(datagram_size))
+    settings = quic_settings(datagram_size)
+    if congestion_control is not None:
+        settings = dataclasses.replace(settings, congestion_control=congestion_control)
+    library, _, controller = (upstream_transport or "").partition(":")
+    config = RelayConfig(listen="127.0.0.1:0", anonymous=True, cert_dir=cert_dir,
+                         log_level="warning", upstream=upstream,
+                         upstream_quic_backend=library or None,
+                         upstream_congestion_control=controller or None)
+    if upstream:
+        config.upstream_cafile = str(ensure_dev_certificate(cert_dir).certfile)
+    relay = Relay(config, settings=settings)
     stop = _stop_event()
     await relay.start()
     print(relay.port, relay.fingerprint, flush=True)
@@ -156,9 +184,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--cert-dir", required=True)
     parser.add_argument("--datagram-size", type=int)
+    parser.add_argument("--congestion-control")
+    parser.add_argument("--upstream")
+    parser.add_argument("--upstream-transport", metavar="LIBRARY[:CONTROLLER]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    run = (_run_kvcs(args.cert_dir, args.datagram_size) if args.kind == "kvcs"
+    run = (_run_kvcs(args.cert_dir, args.datagram_size, args.congestion_control,
+                     args.upstream, args.upstream_transport)
+           if args.kind == "kvcs"
            else _run_moqdev(args.cert_dir))
     asyncio.run(run)
 

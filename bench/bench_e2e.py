@@ -47,6 +47,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from bench._bound import direct_bound_mib_s, relay_bound_mib_s, sha256_ms_per_mib
 from bench._proc import CHILD_TIMEOUT, child_process, run_child, wait_message
 from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY, quic_settings
 from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
@@ -170,14 +171,14 @@ class _CachePublisher:
     async def publish(self) -> dict[str, Any]:
         """Put every layer and finish; the start time and each layer's (start, end)."""
         assert self.pub is not None
-        go = time.perf_counter()
+        go, cpu = time.perf_counter(), time.process_time()
         spans = []
         for i, (k, v) in enumerate(self.layers):
             start = time.perf_counter()
             await self.pub.put_layer(i, k, v)
             spans.append((start, time.perf_counter()))
         await self.pub.finish()
-        return {"go": go, "layers": spans}
+        return {"go": go, "layers": spans, "cpu_s": time.process_time() - cpu}
 
 
 async def _consume(ep: Endpoint, spec: Transfer,
@@ -216,11 +217,13 @@ async def _consume(ep: Endpoint, spec: Transfer,
         times["end"] = time.perf_counter()
 
     times["start"] = time.perf_counter()
+    cpu = time.process_time()
     task = asyncio.create_task(take())
     if spec.live:
         await asyncio.sleep(0.3)  # subscribed (SUBSCRIBE_OK) long before this
     subscribed()
     await task
+    cpu = time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if peak > peak_before:  # the lifetime peak happened during the retrieval
         sampled = max(sampled, peak)
@@ -232,7 +235,7 @@ async def _consume(ep: Endpoint, spec: Transfer,
                 assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
             else:
                 assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.05
-    return {**times, "bytes": c.stats.bytes, "data_bytes": held_bytes,
+    return {**times, "cpu_s": cpu, "bytes": c.stats.bytes, "data_bytes": held_bytes,
             "rss_growth": sampled - base, "rejected": c.stats.rejected,
             "layers": len(held), "arrivals": arrivals}
 
@@ -329,6 +332,9 @@ def _result(consumer: dict[str, Any], publisher: dict[str, Any], spec: Transfer,
     r["ttfl"] = r["first"] - t0
     r["ttfl_fraction"] = r["ttfl"] / r["seconds"]
     r["mib_s"] = r["data_bytes"] / MiB / r["seconds"]
+    # each party's CPU over the transfer (every thread: the SHA-256 worker too)
+    r["consumer_cpu_ms_per_mib"] = r.pop("cpu_s") * 1000 / (r["data_bytes"] / MiB)
+    r["publisher_cpu_ms_per_mib"] = publisher["cpu_s"] * 1000 / (r["data_bytes"] / MiB)
     r["first_layer_ms"] = r["ttfl"] * 1000
     r["mean_layer_ms"] = r["seconds"] * 1000 / len(r["arrivals"])
     if relay_cpu is not None:
@@ -391,17 +397,50 @@ def _of(runs: list[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in runs]
 
 
+def _bound_figures(raw_cpu: list[tuple[float, float, float]], directs: list[dict[str, Any]],
+                   e2es: list[dict[str, Any]]) -> dict[str, Any]:
+    """``direct_bound_ratio`` and ``relay_bound_ratio`` (:mod:`bench._bound`): each round's
+    live goodput over the bound computed from that round's raw-stream CPU per MiB and
+    SHA-256 cost (medians of the rounds' ratios), and the inputs (``bound``)."""
+    direct_bounds = [direct_bound_mib_s(*x) for x in raw_cpu]
+    relay_bounds = [relay_bound_mib_s(*x) for x in raw_cpu]
+    sends, recvs, shas = zip(*raw_cpu, strict=True)
+    return {
+        "direct_bound_ratio": round(_median(
+            [r["mib_s"] / b for r, b in zip(directs, direct_bounds, strict=True)]), 3),
+        "relay_bound_ratio": round(_median(
+            [r["mib_s"] / b for r, b in zip(e2es, relay_bounds, strict=True)]), 3),
+        "bound": {
+            "raw_send_ms_per_mib": round(_median(list(sends)), 3),
+            "raw_recv_ms_per_mib": round(_median(list(recvs)), 3),
+            "sha256_ms_per_mib": round(_median(list(shas)), 3),
+            "direct_bound_mib_s": round(_median(direct_bounds), 1),
+            "relay_bound_mib_s": round(_median(relay_bounds), 1),
+            "rounds": [[round(x, 3) for x in row] for row in raw_cpu],
+            **_figures("direct_publisher_cpu", "_ms_per_mib",
+                       _of(directs, "publisher_cpu_ms_per_mib"), 3),
+            **_figures("direct_consumer_cpu", "_ms_per_mib",
+                       _of(directs, "consumer_cpu_ms_per_mib"), 3),
+            **_figures("relay_publisher_cpu", "_ms_per_mib",
+                       _of(e2es, "publisher_cpu_ms_per_mib"), 3),
+            **_figures("relay_consumer_cpu", "_ms_per_mib",
+                       _of(e2es, "consumer_cpu_ms_per_mib"), 3),
+        },
+    }
+
+
 def main(relay_library: str | None = None) -> dict[str, Any]:
     """Run the end-to-end benchmark; print the figures and return them.
 
     ``relay_library`` runs the kvcs relay on another QUIC library than the endpoints."""
-    from bench.bench_transport import raw_ceiling
+    from bench.bench_transport import raw_ceiling, raw_run
     from bench.timeline import draw_timeline
 
     t_start = time.perf_counter()
     total = LAYERS * TOKENS * 8 * 128 * 2 * 2
     raw_aioquic = raw_ceiling("aioquic")  # reference only: kvcs runs on QUIC_LIBRARY
     raws: list[float] = []
+    raw_cpu: list[tuple[float, float, float]] = []  # per round: raw send, recv, SHA-256
     ethernet_raws: list[float] = []
     ethernet = Transfer(datagram_size=ETHERNET_DATAGRAM)
     # Fresh sessions: through moq-dev's relay the completed warm-up cache stalls (the K
@@ -429,7 +468,10 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
         # Rounds of every kind of run, each raw ceiling next to the runs it divides: the
         # load of the shared host drifts (raw ceilings of one run ranged 318-694 MiB/s).
         for _ in range(RUNS):
-            raws.append(raw_ceiling(QUIC_LIBRARY))
+            raw_one = raw_run(QUIC_LIBRARY)
+            raws.append(raw_one.mib_s)
+            raw_cpu.append((raw_one.sender_ms_per_mib, raw_one.receiver_ms_per_mib,
+                            sha256_ms_per_mib()))
             with kvcs_relay() as relay:  # a fresh relay per run: independent samples
                 e2es.append(asyncio.run(_run(relay, cert, Transfer())))
                 pulls.append(asyncio.run(_run(relay, cert, Transfer(live=False))))
@@ -482,6 +524,7 @@ def main(relay_library: str | None = None) -> dict[str, Any]:
     res["first_layer_ms"] = round(e2e["first_layer_ms"], 1)
     res["mean_layer_ms"] = round(e2e["mean_layer_ms"], 1)
     res["direct_same_library_ratio"] = round(res["direct_mib_s"] / raw, 3)
+    res.update(_bound_figures(raw_cpu, directs, e2es))
     res["e2e_same_library_ratio"] = round(e2e_mib / raw, 3)
     res["completed_pull_same_library_ratio"] = round(res["completed_pull_mib_s"] / raw, 3)
     res["one_process_ratio"] = round(res["one_process_mib_s"] / e2e_mib, 3)
@@ -525,6 +568,18 @@ def _print(res: dict[str, Any]) -> None:
              "completed_pull_same_library_ratio")):
         print(f"  {label:38s}{res[key + '_mib_s']:7.1f} MiB/s {rng(key + '_range')} "
               f"ratio {res[ratio]:.2f}")
+    b = res["bound"]
+    print(f"  CPU bound of 2 cores (raw {lib} sender {b['raw_send_ms_per_mib']:.2f} + receiver "
+          f"{b['raw_recv_ms_per_mib']:.2f} ms/MiB, SHA-256 {b['sha256_ms_per_mib']:.2f} ms/MiB "
+          f"x 2): direct {b['direct_bound_mib_s']:.0f} MiB/s, ratio "
+          f"{res['direct_bound_ratio']:.2f}; via relay (+ a raw send and receive) "
+          f"{b['relay_bound_mib_s']:.0f} MiB/s, ratio {res['relay_bound_ratio']:.2f}")
+    print(f"    CPU per MiB over the transfer: direct publisher "
+          f"{b['direct_publisher_cpu_ms_per_mib']:.2f}, consumer "
+          f"{b['direct_consumer_cpu_ms_per_mib']:.2f}; via relay publisher "
+          f"{b['relay_publisher_cpu_ms_per_mib']:.2f}, consumer "
+          f"{b['relay_consumer_cpu_ms_per_mib']:.2f}, relay "
+          f"{res['relay_cpu_loopback_ms_per_mib']:.2f}")
     print(f"  live, publisher and consumer in one process, relay in another "
           f"{res['one_process_mib_s']:.1f} MiB/s {rng('one_process_range')}: "
           f"{res['one_process_ratio']:.2f} of the three-process run")

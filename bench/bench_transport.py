@@ -199,16 +199,33 @@ async def raw_stream_throughput(
     return total_bytes / MiB / (finished - start)
 
 
-def raw_ceiling(library: str, settings_name: str = "loopback",
-                total_bytes: int = 256 * MiB) -> float:
-    """Raw stream MiB/s on QUIC library ``library`` (``aioquic`` or ``qh3``), measured in
-    a fresh process (the library is bound per process), with the named settings."""
+@dataclasses.dataclass(frozen=True)
+class RawRun:
+    """One raw single-stream run: MiB/s and each side's CPU milliseconds per MiB moved."""
+
+    mib_s: float
+    sender_ms_per_mib: float
+    receiver_ms_per_mib: float
+
+
+def raw_run(library: str, settings_name: str = "loopback",
+            total_bytes: int = 256 * MiB) -> RawRun:
+    """Raw stream MiB/s and CPU per MiB of sender and receiver on QUIC library
+    ``library`` (``aioquic`` or ``qh3``), measured in a fresh process (the library is
+    bound per process), with the named settings."""
     env = dict(os.environ, **{LIBRARY_ENV: library})
     out = subprocess.run(
         [sys.executable, "-m", "bench.bench_transport", "--raw", settings_name,
          str(total_bytes)], env=env, capture_output=True, text=True, check=True,
         timeout=CHILD_TIMEOUT)
-    return float(out.stdout.strip().splitlines()[-1])
+    mib_s, sender_us, receiver_us = out.stdout.strip().splitlines()[-1].split()
+    return RawRun(float(mib_s), float(sender_us) / 1000, float(receiver_us) / 1000)
+
+
+def raw_ceiling(library: str, settings_name: str = "loopback",
+                total_bytes: int = 256 * MiB) -> float:
+    """Raw stream MiB/s (:func:`raw_run`)."""
+    return raw_run(library, settings_name, total_bytes).mib_s
 
 
 def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict[str, float]:
@@ -230,7 +247,9 @@ def main(settings_name: str | None = None, total_bytes: int = 256 * MiB) -> dict
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--raw":  # used by raw_ceiling()
-        print(asyncio.run(raw_stream_throughput(SETTINGS[sys.argv[2]], int(sys.argv[3]))))
+    if len(sys.argv) == 4 and sys.argv[1] == "--raw":  # used by raw_run()
+        mib_s = asyncio.run(raw_stream_throughput(SETTINGS[sys.argv[2]], int(sys.argv[3])))
+        cpu = CPU_US_PER_MIB["raw"]
+        print(mib_s, cpu["sender"], cpu["receiver"])
     else:
         main()

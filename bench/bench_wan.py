@@ -6,8 +6,19 @@ loss 0, 0.1 and 1% each way):
     publisher -> relay -> kvcs-wanem (RTT/2 and loss each way) -> consumer
 
 Publisher and relay are on one site (loopback, unimpaired); the relay's QUIC stack sends
-the cache over the long path, so its congestion control is what is compared: qh3's
-controller on the kvcs relay, noq's (a quinn fork) on moq-dev's. Both carry the same kvcs
+the cache over the long path, so its congestion control is what is compared. kvcs runs
+in the configuration :data:`KVCS_CONFIG` (chosen by measurement, docs/perf-profile.md,
+"Long-haul congestion control"), as the design runs a link across sites:
+
+    publisher -> relay (site A) -> its upstream link, aioquic + bbr, through kvcs-wanem
+              -> relay (site B) -> consumer
+
+(``tree:aioquic:bbr``: both relays on qh3 for their local links, the upstream link on
+aioquic with kvcs's BBR-style controller); ``KVCS_BENCH_WAN_KVCS`` picks others
+(``qh3``: one kvcs relay on qh3 in moq-dev's place; ``aioquic:cubic``; ``tree:qh3``), the
+first being the headline and the rest, :data:`REFERENCE_CONFIGS` by default, measured
+beside it in each row's ``kvcs_others``. moq-dev's relay runs noq's controller (a quinn
+fork). Both carry the same kvcs
 traffic with the interop options of docs/interop.md (as the e2e suite's moq-dev
 comparison); kvcs parties send 1452-byte datagrams (a 1500-byte MTU), moq-dev's relay its
 own 1200 (:data:`bench._relays.MOQDEV_DATAGRAM`). Every run is on fresh sessions and a fresh
@@ -19,7 +30,9 @@ sqrt(p), ~0.25 MiB/s at 80 ms and 1%); ``KVCS_BENCH_WAN_MIB`` sets one size for 
 profile (a smoke run). Figures: ``wan_goodput`` (per profile: MiB/s of each stack, the
 forwarder's loss counts), ``wan_ratio_vs_moqdev`` (kvcs / moq-dev at 80 ms and 0.1%),
 ``wan_identical`` (every byte identical under every profile, both stacks), the forwarder's
-own capacity (a 1 s raw UDP blast) and the congestion control each QUIC library offers.
+own capacity (a 1 s raw UDP blast), the kvcs configuration (``wan_kvcs_config``) and the
+congestion control each QUIC library offers. ``KVCS_BENCH_WAN_PROFILES=80:0.001,20:0.01``
+runs some profiles only.
 """
 
 from __future__ import annotations
@@ -31,9 +44,28 @@ from typing import Any
 
 from bench._kvcache import CacheSpec, move, tokens_for
 from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY
-from bench._relays import MOQDEV_DATAGRAM, moqdev_available, relay_process
+from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
 from bench.wanem import PROFILES, ForwarderUnavailable, Link, WanForwarder, blast, build
 from kvcs.transport import ensure_dev_certificate
+
+KVCS_CONFIG = "tree:aioquic:bbr"
+"""kvcs's configuration on the long path, recorded in the details: ``library[:controller]``
+(one kvcs relay on that library and aioquic controller) or ``tree:library[:controller]``
+(:data:`TREE`). BBR over aioquic on the upstream link ran 1.8-12x qh3 at 80 ms and 1%
+loss, 0.7-4.3x at 0.1% (docs/perf-profile.md); the upstream link keeps aioquic's CPU
+cost off the local links (one aioquic relay for both directions ran at half the tree's
+rate at 80 ms)."""
+REFERENCE_CONFIGS = ("qh3",)
+"""Measured beside :data:`KVCS_CONFIG` by default: one kvcs relay on qh3 (its controller
+cannot be chosen), the configuration before the choice."""
+TREE = "tree:"
+"""A configuration ``tree:library[:controller]``: two kvcs relays, the long path being the
+publisher site's relay's upstream link on ``library[:controller]`` (:func:`_tree`)."""
+CONFIGS_ENV = "KVCS_BENCH_WAN_KVCS"
+"""Comma-separated kvcs configurations to run (``qh3,aioquic:reno,aioquic:cubic``): the
+first is the headline (``kvcs_*`` keys), the others go to each row's ``kvcs_others``."""
+PROFILES_ENV = "KVCS_BENCH_WAN_PROFILES"
+"""Comma-separated ``rtt_ms:loss`` profiles to run (default: all of them)."""
 
 SIZES_MIB = {0.0: 32.0, 0.001: 16.0, 0.01: 4.0}
 """Cache size per loss rate (MiB): a few seconds per run at 80 ms on a quiet machine."""
@@ -46,7 +78,8 @@ HEADLINE = (80, 0.001)
 CONGESTION_CONTROL = {
     "qh3": "one built-in controller, not selectable: qh3 2.1.0's QuicConfiguration has no "
            "congestion-control field (2.1.0 is the newest release)",
-    "aioquic": "reno (default) or cubic: QuicSettings.congestion_control",
+    "aioquic": "reno (default), cubic or bbr (kvcs/transport/quic/bbr.py): "
+               "QuicSettings.congestion_control",
     "moq-dev": "noq (quinn fork) default controller, not configurable through moq-ffi",
 }
 
@@ -55,20 +88,58 @@ def _key(rtt: int, loss: float) -> str:
     return f"rtt{rtt}_loss{loss:g}"
 
 
+def _config(name: str) -> tuple[str, str | None]:
+    """``library[:controller]`` -> (library, controller or None)."""
+    library, _, controller = name.partition(":")
+    return library, controller or None
+
+
+def _port(relay: RelayProcess) -> int:
+    return int(relay.url.rsplit(":", 1)[1].strip("/"))
+
+
 async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
-               seed: int) -> dict[str, Any]:
-    """One live transfer through a fresh relay of ``kind`` and a fresh forwarder."""
-    size = spec.datagram_size if kind == "kvcs" else None
-    with relay_process(kind, cert_dir, datagram_size=size) as relay:
-        port = int(relay.url.rsplit(":", 1)[1].strip("/"))
+               seed: int, config: str = KVCS_CONFIG) -> dict[str, Any]:
+    """One live transfer through a fresh relay of ``kind`` (kvcs: on ``config``) and a
+    fresh forwarder."""
+    if kind == "kvcs" and config.startswith(TREE):
+        return await _tree(cert_dir, rtt, loss, spec, seed, config[len(TREE):])
+    size, library, controller = None, None, None
+    if kind == "kvcs":
+        size = spec.datagram_size
+        library, controller = _config(config)
+    with relay_process(kind, cert_dir, datagram_size=size, library=library,
+                       congestion_control=controller) as relay:
         link = Link.profile(rtt, loss)
-        async with WanForwarder("127.0.0.1", port, seed=seed, up=link, down=link) as wan:
+        async with WanForwarder("127.0.0.1", _port(relay), seed=seed, up=link,
+                                down=link) as wan:
             got = await move(relay.url, relay.pin, f"moqt://127.0.0.1:{wan.port}/", spec,
                              RUN_TIMEOUT)
         down, up = wan.down_counters, wan.up_counters
     return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
             "identical": got["identical"], "rejected": got["rejected"],
             "lost_down": down.lost, "lost_up": up.lost, "datagrams_down": down.datagrams_in}
+
+
+async def _tree(cert_dir: str, rtt: int, loss: float, spec: CacheSpec, seed: int,
+                transport: str) -> dict[str, Any]:
+    """The cache across sites as the design runs it: publisher -> the publisher site's
+    relay -> its upstream link, on ``transport`` (``library[:controller]``), through the
+    forwarder -> the consumer site's relay -> consumer. Both relays run this process's
+    library; the data crosses the path upward (``up`` counters)."""
+    size = spec.datagram_size
+    with relay_process("kvcs", cert_dir, datagram_size=size) as far:
+        link = Link.profile(rtt, loss)
+        async with WanForwarder("127.0.0.1", _port(far), seed=seed, up=link,
+                                down=link) as wan:
+            with relay_process("kvcs", cert_dir, datagram_size=size,
+                               upstream=f"moqt://127.0.0.1:{wan.port}/",
+                               upstream_transport=transport) as near:
+                got = await move(near.url, near.pin, far.url, spec, RUN_TIMEOUT)
+        down, up = wan.down_counters, wan.up_counters
+    return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
+            "identical": got["identical"], "rejected": got["rejected"],
+            "lost_down": down.lost, "lost_up": up.lost, "datagrams_up": up.datagrams_in}
 
 
 def main() -> dict[str, Any]:
@@ -83,29 +154,42 @@ def main() -> dict[str, Any]:
           f"datagrams, {capacity['forwarder_cpu_ms_per_mib']:.2f} ms of CPU per MiB "
           f"(load {capacity['load_average']})")
     fixed = os.environ.get(SIZE_ENV)
+    configs = [c.strip() for c in os.environ.get(
+        CONFIGS_ENV, ",".join((KVCS_CONFIG, *REFERENCE_CONFIGS))).split(",") if c.strip()]
+    profiles = PROFILES
+    if os.environ.get(PROFILES_ENV):
+        profiles = tuple((int(r), float(p)) for r, _, p in (
+            x.strip().partition(":") for x in os.environ[PROFILES_ENV].split(",")))
     moqdev = moqdev_available()
     note = None if moqdev else "moq-ffi not installed (the interop extra): kvcs relay only"
     goodput: dict[str, Any] = {}
     identical = True
     with tempfile.TemporaryDirectory() as cert_dir:
         ensure_dev_certificate(cert_dir)
-        for n, (rtt, loss) in enumerate(PROFILES):
+        for n, (rtt, loss) in enumerate(profiles):
             mib = float(fixed) if fixed else SIZES_MIB[loss]
             spec = CacheSpec(tokens=tokens_for(mib, 16), live=True, interop=True,
                              datagram_size=ETHERNET_DATAGRAM, first_token=8_000_000 + n)
             row: dict[str, Any] = {"rtt_ms": rtt, "loss": loss,
-                                   "mib": round(spec.nbytes / (1 << 20), 1)}
-            kinds = ["kvcs", "moq-dev"] if moqdev else ["kvcs"]
-            for kind in kinds:
+                                   "mib": round(spec.nbytes / (1 << 20), 1),
+                                   "kvcs_config": configs[0]}
+            runs = [("kvcs", c) for c in configs] + ([("moq-dev", "")] if moqdev else [])
+            for kind, config in runs:
                 name = "kvcs" if kind == "kvcs" else "moqdev"
+                out = row if config in ("", configs[0]) else row.setdefault(
+                    "kvcs_others", {}).setdefault(config, {})
                 try:
-                    r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n))
+                    r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n,
+                                         config=config or KVCS_CONFIG))
                 except Exception as exc:  # a stack that fails a profile is a result
-                    row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    out[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     identical = False
                     continue
                 identical = identical and r["identical"]
-                row.update({f"{name}_{k}": v for k, v in r.items()})
+                out.update({f"{name}_{k}": v for k, v in r.items()})
+                if out is not row:
+                    print(f"    ({config}: {r['mib_s']:.2f} MiB/s"
+                          + ("" if r["identical"] else ", BYTES DIFFER") + ")", flush=True)
             goodput[_key(rtt, loss)] = row
             print(f"  RTT {rtt:3d} ms, loss {loss * 100:4.1f}%, {row['mib']:5.1f} MiB: "
                   + ", ".join(f"{name} {row[name + '_mib_s']:7.2f} MiB/s"
@@ -116,7 +200,8 @@ def main() -> dict[str, Any]:
     res: dict[str, Any] = {
         "wan_goodput": goodput, "wan_identical": identical,
         "wan_datagram_size": ETHERNET_DATAGRAM, "wan_moqdev_datagram_size": MOQDEV_DATAGRAM,
-        "wan_quic_library": QUIC_LIBRARY, "wan_congestion_control": CONGESTION_CONTROL,
+        "wan_quic_library": QUIC_LIBRARY, "wan_kvcs_config": configs[0],
+        "wan_congestion_control": CONGESTION_CONTROL,
         "wan_forwarder": capacity, "wan_sizes_mib": {f"{k:g}": v for k, v in SIZES_MIB.items()}
         if not fixed else float(fixed)}
     head = goodput.get(_key(*HEADLINE), {})

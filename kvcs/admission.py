@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .auth import PUBLISH, SUBSCRIBE, Authorizer
 from .moqt.errors import RequestErrorCode, SessionCode
+from .moqt.ratelimit import TokenBucket
 from .moqt.wire import (
     Fetch,
     Parameters,
@@ -38,7 +39,6 @@ from .moqt.wire import (
     SubscribeTracks,
     TrackStatus,
 )
-from .transport.ratelimit import TokenBucket
 
 Request = (Subscribe | Fetch | TrackStatus | PublishNamespace | SubscribeNamespace
            | SubscribeTracks | Publish)

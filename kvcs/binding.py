@@ -88,6 +88,7 @@ class BoundSession:
         loop = asyncio.get_running_loop()
         self._established: asyncio.Future[SetupOptions] = loop.create_future()
         self._closed: asyncio.Future[tuple[int, str]] = loop.create_future()
+        self._resume: asyncio.TimerHandle | None = None  # RequestsWaiting
         conn.attach(self)
         conn.add_close_callback(self._on_connection_closed)
         if not self.session.config.is_client:
@@ -192,10 +193,23 @@ class BoundSession:
         elif isinstance(e, ev.StreamsOutstanding):
             asyncio.get_running_loop().call_later(
                 self.session.config.publish_done_wait_s, self._stop_waiting, e.request_id)
+        elif isinstance(e, ev.RequestsWaiting):
+            if self._resume is None:
+                self._resume = asyncio.get_running_loop().call_later(e.delay,
+                                                                     self._resume_requests)
         elif isinstance(e, ev.GoAwayReceived):
             log.info("peer sent GOAWAY (uri=%r, timeout %d ms)", e.new_session_uri, e.timeout_ms)
         else:
             self.handle_event(e)
+
+    def _resume_requests(self) -> None:
+        """The peer's waiting requests may be decoded (``SessionConfig.request_rate``)."""
+        self._resume = None
+        if self.is_closed:
+            return
+        self.session.resume_requests()
+        self._dispatch()
+        self.schedule_flush()
 
     def _stop_waiting(self, request_id: int) -> None:
         """The digest 4.11 timer of a PUBLISH_DONE whose streams are missing expired."""
@@ -246,6 +260,9 @@ class BoundSession:
         self._closed.set_result(closed)
         if self.pacer is not None:
             self.pacer.forget(self)
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         if not self._established.done():
             self._established.set_exception(SessionClosedError(f"session closed: {closed}"))
             self._established.exception()
@@ -337,10 +354,14 @@ async def serve_sessions(
     implementation: str = "kvcs/0.1",
     max_filter_ranges: int = 16,
     max_request_updates: int = 0,
+    request_rate: float = 0.0,
+    request_burst: int = 64,
 ) -> Server:
     """Accept MOQT sessions (raw QUIC and WebTransport on one UDP port); ``bind(conn)``
     makes the handler of each new session (an :class:`Endpoint`, a relay session) before
-    any of its events are handled."""
+    any of its events are handled. ``request_rate``, ``request_burst``: the new requests
+    each session decodes (:attr:`SessionConfig.request_rate
+    <kvcs.moqt.config.SessionConfig.request_rate>`)."""
 
     def factory(opener: Any, info: ConnectionInfo) -> Session:
         return Session(SessionConfig(
@@ -350,6 +371,8 @@ async def serve_sessions(
             max_filter_ranges=max_filter_ranges,
             max_request_updates=max_request_updates,
             write_window=WRITE_WINDOW,
+            request_rate=request_rate,
+            request_burst=request_burst,
         ), opener)
 
     return await serve(host, port, factory, settings, certfile, keyfile, on_session=bind)

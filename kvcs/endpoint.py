@@ -630,11 +630,16 @@ async def serve_endpoints(
 ) -> Server:
     """:func:`serve_sessions` with one ``endpoint_class`` per session, all serving
     ``origin`` if given (else each its own) and admitting requests by ``admission`` if
-    given; ``on_endpoint`` is called with each new endpoint before any of its events are
+    given (each session then decodes the peer's requests at ``admission``'s request rate);
+    ``on_endpoint`` is called with each new endpoint before any of its events are
     handled."""
 
     def bind(conn: MoqtConnection) -> None:
         on_endpoint(endpoint_class(conn, origin=origin, admission=admission))
+
+    if admission is not None:  # each session decodes requests at the pacer's rate
+        session_options.setdefault("request_rate", admission.limits.request_rate)
+        session_options.setdefault("request_burst", admission.limits.request_burst)
 
     return await serve_sessions(host, port, bind, certfile=certfile, keyfile=keyfile,
                                 settings=settings, **session_options)

@@ -38,6 +38,28 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.002)
 
 
+async def reached(event: asyncio.Event, *watch: asyncio.Future[Any],
+                  timeout: float = 60.0) -> None:
+    """Wait until ``event`` is set: AssertionError if one of ``watch`` (the tasks that
+    would set it) ends first, with how it ended, or after ``timeout`` s. A test waiting
+    for a milestone of a transfer must not wait forever when the transfer ended before
+    it (a consumer whose budget ran out on a loaded machine: ``make faults`` hung)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter, *watch}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if event.is_set():
+        return
+    for task in watch:
+        if task.done():
+            outcome = (task.exception() or task.result()) if not task.cancelled() \
+                else "cancelled"
+            raise AssertionError(f"ended before the event: {outcome!r:.500}")
+    raise AssertionError(f"event not set within {timeout:g} s")
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """SIGTERM ``proc`` and wait ``timeout`` s for it; a process still running then is
     killed (a hung relay must not outlive its test or bench run)."""

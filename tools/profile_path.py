@@ -167,8 +167,9 @@ async def _role_publisher(ctl: _Control, cfg: dict[str, Any]) -> None:
     from kvcs.endpoint import Endpoint
     from kvcs.hosting import TrackHost
     from kvcs.kv.ids import ScopeKey
-    from kvcs.kvnet.publisher import KvPublisher
+    from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 
+    options = PublisherOptions(codec=cfg.get("codec", "raw"))
     settings = _settings(cfg["dgram"], cfg.get("quic"))
     tokens = cfg["tokens"]
     target: Any
@@ -188,7 +189,7 @@ async def _role_publisher(ctl: _Control, cfg: dict[str, Any]) -> None:
             await warm.put_layer(i, k[:WARM_TOKENS], v[:WARM_TOKENS])
         await warm.finish()
     for r in range(cfg["rounds"]):
-        pub = KvPublisher(target, scope, _desc(), _tokens(tokens, round_=r))
+        pub = KvPublisher(target, scope, _desc(), _tokens(tokens, round_=r), options)
         await pub.start()
         if cfg["live"]:
             ctl.say(ready=port)
@@ -228,7 +229,8 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
             pass
     held: list[Any] = []
     for r in range(cfg["rounds"]):
-        c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r))
+        c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r),
+                       codec=cfg.get("codec", "raw"))
         pub = await c.discover()
         assert pub is not None, f"publication of round {r} not found"
         manifest = await c.manifest(pub)
@@ -380,7 +382,9 @@ class Role:
 
 
 def cpu_ns(pid: int) -> tuple[int, int, int]:
-    """(on-CPU ns from schedstat, user ticks, system ticks) of every thread of ``pid``."""
+    """(on-CPU ns of the event-loop thread, user ticks, system ticks of every thread) of
+    ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone (a worker
+    thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread."""
     with open(f"/proc/{pid}/schedstat") as f:
         ns = int(f.read().split()[0])
     with open(f"/proc/{pid}/stat") as f:
@@ -450,7 +454,8 @@ subgroup stream per layer and component); ``--mib`` sets how many publications (
 
 def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         rate: int, tag: str = "", perf_args: str = "", stream_mib: int = 0,
-        tokens: int = TOKENS, quic: dict[str, Any] | None = None) -> dict[str, Any]:
+        tokens: int = TOKENS, quic: dict[str, Any] | None = None,
+        codec: str = "raw") -> dict[str, Any]:
     """Run one topology once with ``profiler`` on every process; return the summary.
 
     KV topologies move ``mib`` MiB as consecutive publications of ``tokens`` tokens; the
@@ -468,7 +473,7 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     cert = ensure_dev_certificate(tmp)
     base: dict[str, Any] = {"dgram": dgram, "tmp": tmp, "tokens": tokens, "warm": True,
                             "rounds": rounds, "cert": str(cert.certfile),
-                            "key": str(cert.keyfile), "quic": quic or {}}
+                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec}
 
     def cfg(role: str, **extra: Any) -> dict[str, Any]:
         c = dict(base, **extra)
@@ -566,7 +571,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     for role, (ns, user, system) in cpu.items():
         cpu_ms = ns / 1e6
         procs[role] = {"cpu_ms": round(cpu_ms, 1), "ms_per_mib": round(cpu_ms / data_mib, 3),
-                       "user_ms": user * tick_ms, "sys_ms": system * tick_ms}
+                       "user_ms": user * tick_ms, "sys_ms": system * tick_ms,
+                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3)}
     summary = {"run": name, "topology": topology, "dgram": dgram, "profiler": profiler,
                "perf_args": perf_args.split(), "rounds": rounds, "tokens": tokens,
                "mib": round(data_mib, 1), "seconds": round(seconds, 3),
@@ -920,8 +926,10 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"== {s['run']}: {s['mib']} MiB in {s['seconds']} s = {s['mib_s']} MiB/s, "
           f"load {s['loadavg']}")
     for role, p in s["processes"].items():
-        print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB (user {p['user_ms']:.0f} ms, "
-              f"sys {p['sys_ms']:.0f} ms)")
+        every = p.get("all_threads_ms_per_mib")
+        print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB on the event-loop thread"
+              + (f", {every:.2f} every thread" if every is not None else "")
+              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms)")
     for kind in ("pyspy", "perf", "cprofile"):
         for role, r in report.get(kind, {}).items():
             print(f"-- {kind} {role}")
@@ -1065,6 +1073,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--out", default=str(ROOT / "profiles"))
     r.add_argument("--tag", default="", help="suffix of the run directory name")
     r.add_argument("--perf-args", default="", help="extra perf record options")
+    r.add_argument("--codec", default="raw", help="codec of the k/v tracks (raw, q8)")
     r.add_argument("--stream-mib", type=int, default=0,
                    help="raw: a new stream every N MiB (default: one stream)")
     a = sub.add_parser("analyze", help="tables of a run directory (also written as JSON)")
@@ -1089,7 +1098,8 @@ def main(argv: list[str]) -> int:
     elif args.cmd == "run":
         summary = run(args.topology, args.dgram, args.profiler, args.mib, Path(args.out),
                       args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens,
-                      {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)})
+                      {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)},
+                      args.codec)
         run_dir = Path(args.out) / summary["run"]
         print_report(analyze(run_dir) if args.profiler != "none" else {"summary": summary})
     elif args.cmd == "tables":

@@ -34,7 +34,8 @@ def command(name: str) -> Callable[[Builder], Builder]:
 
 
 def add_quic_options(p: argparse.ArgumentParser) -> None:
-    """The transport options every networked command takes: ``--mtu``, ``--event-loop``."""
+    """The transport options every networked command takes: ``--mtu``, ``--event-loop``,
+    ``--quic-backend``, ``--congestion-control``."""
     p.add_argument("--mtu", type=int, metavar="BYTES",
                    help="path MTU of a LAN, for datagrams of MTU-48 bytes to every peer: "
                         "1500 (Ethernet), 9000 (jumbo frames); default: the QUIC library's "
@@ -42,6 +43,13 @@ def add_quic_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--event-loop", choices=["asyncio", "uvloop"],
                    help="event loop (default: $KVCS_EVENT_LOOP, else asyncio); uvloop needs "
                         "pip install uvloop")
+    p.add_argument("--quic-backend", choices=["auto", "aioquic", "qh3"],
+                   help="QUIC library (default: $KVCS_QUIC_BACKEND, else auto = qh3 "
+                   "(compiled core) when installed, else aioquic)")
+    p.add_argument("--congestion-control", choices=["reno", "cubic", "bbr"],
+                   help="congestion controller of what this side sends (aioquic only: "
+                        "--quic-backend aioquic; default reno); bbr for long lossy paths "
+                        "(docs/perf-profile.md, Long-haul)")
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -91,7 +91,10 @@ def quic_settings(args: argparse.Namespace, preset: str = "default") -> Any:
     if keep and idle is not None and keep >= idle:
         raise UsageError(f"--keep-alive {keep:g} must be shorter than --idle-timeout {idle:g}")
     try:
-        settings = QuicSettings.for_path(mtu=args.mtu, preset=preset)
+        settings = QuicSettings.for_path(mtu=args.mtu, preset=preset,
+                                         library=getattr(args, "quic_backend", None))
+        settings = settings.with_transport(
+            congestion_control=getattr(args, "congestion_control", None))
         changes: dict[str, Any] = {}
         if idle is not None:
             changes["idle_timeout"] = idle

@@ -54,9 +54,11 @@ def _relay_parser(sub: Any) -> argparse.ArgumentParser:
                         "clients on loopback, 1350 bytes to others); loopback: the largest "
                         "to every client")
     add_quic_options(p)
-    p.add_argument("--quic-backend", choices=["auto", "aioquic", "qh3"],
-                   help="QUIC library (default: $KVCS_QUIC_BACKEND, else auto = qh3 "
-                   "(compiled core) when installed, else aioquic)")
+    p.add_argument("--upstream-quic-backend", choices=["auto", "aioquic", "qh3"],
+                   help="QUIC library of the --upstream link only (default: the relay's)")
+    p.add_argument("--upstream-congestion-control", choices=["reno", "cubic", "bbr"],
+                   help="congestion controller of what the relay sends on its --upstream "
+                        "link only (aioquic; default: --congestion-control)")
     p.add_argument("--max-fetches-per-session", type=int, metavar="N")
     p.add_argument("--max-requests-per-session", type=int, metavar="N")
     p.add_argument("--request-rate", type=float, metavar="PER_SECOND",
@@ -96,7 +98,8 @@ _RELAY_KEYS = ("listen", "tls_cert", "tls_key", "cert_dir", "upstream", "upstrea
                "max_requests_per_session", "request_rate", "request_burst", "max_sessions",
                "accept_rate", "max_session_backlog", "upstream_linger", "kvsp_store",
                "kvsp_listen", "store", "store_bytes", "log_format", "idle_timeout",
-               "keep_alive")
+               "keep_alive", "congestion_control", "upstream_quic_backend",
+               "upstream_congestion_control")
 
 
 def relay_config(args: argparse.Namespace) -> Any:

@@ -18,7 +18,7 @@ background event loop, which publishes them as that layer's group while the next
 computed; ``wait_for_save`` returns once the relay holds every layer (publish and go).
 
 Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
-the scope's live index (:class:`~kvcs.integrations.vllm_support.ScopeIndex`, one standing
+the scope's standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`, one
 SUBSCRIBE_NAMESPACE per scope; opening it is the one round trip of a scope's first lookup)
 within the recompute budget and answers with the longest published block-aligned prefix;
 ``start_load_kv`` starts the verified retrieval of every layer; ``wait_for_layer_load``
@@ -39,6 +39,7 @@ import contextlib
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ..endpoint import MoqtRequestError
 from ..kv.errors import KvcsError
 from ..kv.ids import KvcsNamespace
+from ..kv.manifest import Manifest
 from ..kvnet.consumer import KvConsumer, Publication, RecomputeRequired
 from ..kvnet.publisher import KvPublisher, PublisherOptions
 from .vllm_support import (
@@ -80,6 +82,9 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["ConnectorConfigError", "KvcsConnector", "KvcsConnectorMetadata"]
+
+MANIFESTS_KEPT = 256
+"""Manifests of completed publications a decode worker keeps (a few KiB each)."""
 
 
 # --------------------------------------------------------------------------- metadata
@@ -141,6 +146,8 @@ class _Load:
         self.waited = 0.0
         """Seconds the forward pass waited for this load's layers."""
         self.writing = 0.0
+        self.manifest_kept = False
+        """The publication's manifest was known from an earlier load (not read again)."""
 
     def fail_rest(self, blocks: range, reason: str, partial: dict[int, Any] | None = None,
                   missing: dict[int, list[int]] | None = None) -> None:
@@ -210,6 +217,8 @@ class KvcsConnector(KVConnectorBase_V1):
         self._loads: list[_Load] = []
         self._saves: dict[str, _Save] = {}
         self._load_errors: set[int] = set()
+        self._manifests: OrderedDict[tuple[bytes, ...], Manifest] = OrderedDict()
+        """Checked manifests of completed publications, by namespace (most recent last)."""
         log.info("kvcs connector (%s, %s): relays %s, CompatID %s, block %d tokens",
                  role.name, tc.kv_role, ", ".join(self.settings.relays),
                  self.descriptor.compat_id.hex()[:16], self.block_size)
@@ -262,8 +271,8 @@ class KvcsConnector(KVConnectorBase_V1):
                                                    self.descriptor.compat_id, budget)
             if index is None:  # no relay session: a miss, not a wait
                 return found
-            fields, blocks = index.longest(keys)
-            return Match(fields, blocks, 0)
+            pub = index.longest(keys)
+            return found if pub is None else Match(pub.fields, pub.prefix_blocks, 0)
 
         try:
             found = self.bg.run(one_lookup(), budget)
@@ -380,12 +389,19 @@ class KvcsConnector(KVConnectorBase_V1):
                                       recompute_budget_s=budget / 2)
                 kns = KvcsNamespace.from_fields(spec.fields)
                 pub = Publication(kns, spec.fields, spec.end, ep)
-                layers = consumer.prefix_layers(pub, blocks=spec.end)
+                # a completed publication's manifest, once read and checked, is final: a
+                # popular prefix's later hits fetch its layers at once, without the
+                # manifest's round trips (this prompt's Block Keys are still checked
+                # against it, and every object against its digests)
+                known = self._manifests.get(spec.fields)
+                load.manifest_kept = known is not None
+                layers = consumer.prefix_layers(pub, blocks=spec.end, manifest=known)
                 async with contextlib.aclosing(layers) as it:  # type: ignore[type-var]
                     async for layer in it:
                         load.data[layer.index] = (layer.k, layer.v)
                         load.arrival[layer.index] = time.perf_counter() - load.started
                         load.arrived[layer.index].set()
+                self._keep_manifest(spec.fields, consumer.manifests.get(spec.fields) or known)
         except RecomputeRequired as exc:
             load.fail_rest(blocks, exc.reason, exc.partial, exc.missing)
         except TimeoutError:
@@ -399,6 +415,14 @@ class KvcsConnector(KVConnectorBase_V1):
             load.fail_rest(blocks, "retrieval ended")  # no-op once every layer arrived
             if load.error == "retrieval ended":
                 load.error = None
+
+    def _keep_manifest(self, fields: tuple[bytes, ...], manifest: Manifest | None) -> None:
+        if manifest is None or not all(seg.complete for seg in manifest.segments):
+            return
+        self._manifests[fields] = manifest
+        self._manifests.move_to_end(fields)
+        while len(self._manifests) > MANIFESTS_KEPT:
+            self._manifests.popitem(last=False)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait for this layer's verified blocks of every load of the step and write them
@@ -454,7 +478,8 @@ class KvcsConnector(KVConnectorBase_V1):
                               seconds=time.perf_counter() - load.started, error=load.error,
                               first_layer_s=load.arrival.get(0),
                               last_layer_s=max(load.arrival.values(), default=None),
-                              waited_s=load.waited, writing_s=load.writing)
+                              waited_s=load.waited, writing_s=load.writing,
+                              manifest_kept=load.manifest_kept)
             if failed:
                 log.warning("kvcs: request %s: %d of %d blocks failed (%s): vLLM recomputes "
                             "from block %d", spec.req_id, len(failed), spec.end - spec.first,

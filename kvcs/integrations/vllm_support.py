@@ -28,11 +28,12 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..endpoint import Endpoint, MoqtRequestError
+from ..endpoint import Endpoint
 from ..kv.cose import Keyring, ProducerKey
-from ..kv.ids import CompatDescriptor, KvcsNamespace, ScopeKey, block_keys, scope_id
+from ..kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
 from ..kv.scopefile import ScopeFile, ScopeFileError, load_scope_file
 from ..kv.secure import SecureObjects
+from ..kvnet.discovery import NamespaceIndex, scope_prefix
 from ..moqt.wire import AuthToken
 from ..transport import QuicSettings
 
@@ -271,7 +272,7 @@ class Relays:
         self._endpoints: dict[str, Endpoint] = {}
         self._lock: asyncio.Lock | None = None
         self._reconnecting: asyncio.Future[list[Endpoint]] | None = None
-        self.indexes: dict[tuple[int, tuple[bytes, ...]], ScopeIndex] = {}
+        self.indexes: dict[tuple[int, tuple[bytes, ...]], NamespaceIndex] = {}
         """(session, namespace prefix) -> its live index (:func:`scope_index`)."""
         self._last_attempt = 0.0
 
@@ -349,84 +350,20 @@ class Match:
     """Index of the relay session it was found on."""
 
 
-SETTLE_S = 0.05
-"""What opening a scope's index waits for the NAMESPACE messages of what is published already
-when the relay does not take the REQUEST_UPDATE that confirms the list is whole
-(:meth:`~kvcs.endpoint.NamespaceWatch.sync`; a kvcs relay does, and a relay below another
-one answers it once its upstream did)."""
-
-
-class ScopeIndex:
-    """The publications of one (scope, CompatID) on one relay, kept current by ONE standing
-    SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID): every publication's AnchorKey is
-    the Block Key of its last block, so a prompt's longest published prefix is the highest
-    index at which one of its Block Keys is an AnchorKey here: a lookup is a table lookup,
-    and a miss costs no round trip."""
-
-    def __init__(self, endpoint: Endpoint, prefix: tuple[bytes, ...]) -> None:
-        self.endpoint = endpoint
-        self.prefix = prefix
-        self.anchors: dict[bytes, tuple[bytes, ...]] = {}
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return (self.task is not None and not self.task.done()
-                and not self.endpoint.is_closed)
-
-    async def open(self, timeout: float) -> None:
-        """Subscribe and take what is published now (within ``timeout``)."""
-        watch = await asyncio.wait_for(self.endpoint.subscribe_namespace(self.prefix), timeout)
-        try:  # one round trip: the relay answers after the NAMESPACEs of all it knows
-            await asyncio.wait_for(watch.sync(), timeout)
-        except (TimeoutError, MoqtRequestError) as exc:
-            log.info("kvcs: namespace list not confirmed whole (%s)", exc or "no answer")
-            await asyncio.sleep(SETTLE_S)
-        for ns in list(watch.current):
-            self._take(True, ns)
-        # the changes queued so far (the same namespaces) and every later one
-        self.task = asyncio.ensure_future(self._follow(watch))
-
-    async def _follow(self, watch: Any) -> None:
-        try:
-            async for change in watch:
-                self._take(*change)
-        except Exception as exc:  # the session ended: the index is reopened on next use
-            log.info("kvcs: namespace watch ended: %s", exc)
-
-    def _take(self, added: bool, ns: Sequence[bytes]) -> None:
-        try:
-            kns = KvcsNamespace.from_fields(ns)
-        except ValueError:
-            return
-        if added:
-            self.anchors[kns.anchor_key] = tuple(ns)
-        elif self.anchors.get(kns.anchor_key) == tuple(ns):
-            del self.anchors[kns.anchor_key]
-
-    def longest(self, keys: Sequence[bytes]) -> tuple[tuple[bytes, ...], int]:
-        """(namespace fields, blocks) of the longest published prefix of ``keys``; blocks 0:
-        none."""
-        for i in range(len(keys) - 1, -1, -1):
-            fields = self.anchors.get(keys[i])
-            if fields is not None:
-                return fields, i + 1
-        return (), 0
-
-
 async def scope_index(relays: Relays, scope: ScopeKey, compat_id: bytes,
-                      timeout: float) -> tuple[ScopeIndex | None, int]:
-    """The live index of (scope, CompatID) on the first open relay session, opened if
-    needed; with the round trips it took (0 or 1). None: no relay session is open."""
+                      timeout: float) -> tuple[NamespaceIndex | None, int]:
+    """The standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`) of (scope,
+    CompatID) on the first open relay session, opened if needed; with the round trips it
+    took (0 or 1). None: no relay session is open."""
     eps = relays.ready()
     if not eps:
         return None, 0
-    prefix = (b"kvcs-1", scope_id(scope), compat_id)
-    key = (id(eps[0]), prefix)
+    sid = scope_id(scope)
+    key = (id(eps[0]), scope_prefix(sid, compat_id))
     index = relays.indexes.get(key)
     if index is not None and index.alive:
         return index, 0
-    index = ScopeIndex(eps[0], prefix)
+    index = NamespaceIndex(eps[0], sid, compat_id)
     await index.open(timeout)
     relays.indexes[key] = index
     return index, 1
@@ -457,28 +394,43 @@ class PagedLayout:
                 f"CPU backend's [blocks, {want[0]}, {want[1]}, {want[2]}] (only vLLM's CPU "
                 "attention backend is supported)")
 
-    def _kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _blocks(self, kv: torch.Tensor) -> np.ndarray:
+        """The layer's cache as numpy ``[blocks, kv_heads, 2 * block_size, head_dim]``
+        sharing its memory (torch's view raises if the memory does not allow one)."""
         d = self.desc
         view = kv.view(kv.shape[0], d.kv_heads, 2 * d.block_tokens, d.head_dim)
-        return view[:, :, :d.block_tokens], view[:, :, d.block_tokens:]
+        if view.dtype == torch.bfloat16:
+            return view.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return view.numpy()
+
+    # The copies are numpy's, not torch's: torch runs an indexed copy of this size on its
+    # OpenMP threads, i.e. on the forward pass's whole team, and on 2 shared cores one
+    # layer's gather or scatter then waited for a descheduled team member: 30 layers of 15
+    # blocks took 0.12-0.5 s CPU (1.3 s wall at load 12) against 3-16 ms with numpy (one
+    # thread, measured on the development machine).
 
     def gather(self, kv: torch.Tensor, block_ids: Sequence[int]) -> tuple[np.ndarray,
                                                                           np.ndarray]:
         """K and V of ``block_ids`` as numpy [blocks * block_size, kv_heads, head_dim] (one
-        copy per component)."""
-        idx = torch.as_tensor(list(block_ids), dtype=torch.long)
-        return tuple(_numpy(c[idx].permute(0, 2, 1, 3).reshape(-1, self.desc.kv_heads,
-                                                               self.desc.head_dim))
-                     for c in self._kv(kv))  # type: ignore[return-value]
+        gather of the blocks, then one copy per component into token order)."""
+        d = self.desc
+        B = d.block_tokens
+        picked = self._blocks(kv)[np.asarray(block_ids, dtype=np.intp)]
+        return tuple(np.ascontiguousarray(part.transpose(0, 2, 1, 3)).reshape(
+            -1, d.kv_heads, d.head_dim) for part in (picked[:, :, :B], picked[:, :, B:])
+        )  # type: ignore[return-value]
 
     def scatter(self, kv: torch.Tensor, block_ids: Sequence[int], k: np.ndarray,
                 v: np.ndarray) -> None:
-        """Write K and V ([blocks * block_size, heads, dim]) into ``block_ids``."""
+        """Write K and V ([blocks * block_size, heads, dim]) into ``block_ids`` (one indexed
+        copy per component)."""
         d = self.desc
-        idx = torch.as_tensor(list(block_ids), dtype=torch.long)
-        for component, array in zip(self._kv(kv), (k, v), strict=True):
-            t = _tensor(array).view(len(block_ids), d.block_tokens, d.kv_heads, d.head_dim)
-            component[idx] = t.permute(0, 2, 1, 3).to(component.dtype)
+        B = d.block_tokens
+        blocks = self._blocks(kv)
+        idx = np.asarray(block_ids, dtype=np.intp)
+        for rows, array in ((slice(0, B), k), (slice(B, 2 * B), v)):
+            blocks[idx, :, rows] = array.reshape(len(idx), B, d.kv_heads,
+                                                 d.head_dim).transpose(0, 2, 1, 3)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -486,12 +438,6 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
-
-
-def _tensor(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == np.dtype(ml_dtypes.bfloat16):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 # --------------------------------------------------------------------------- events

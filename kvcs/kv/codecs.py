@@ -447,6 +447,55 @@ def decode_sections_into(
     rec.decode_blocks(sections, out)
 
 
+BlockDecoder = Callable[[Buffer, int], None]
+"""Decodes one section into block ``i`` of the array it was made for."""
+
+
+def block_decoder(codec: str | int | Codec, out: np.ndarray, block_tokens: int) -> BlockDecoder:
+    """A :data:`BlockDecoder` into ``out``, ``(n * block_tokens, H, D)`` in a KVSP dtype:
+    ``decoder(data, i)`` decodes one section into ``out[i*B:(i+1)*B]`` as
+    :func:`decode_sections_into` would (the same errors for Data that does not fit), with
+    the checks of ``out`` and the codec's lookups made once here instead of per section.
+    ``raw`` into a C-contiguous little-endian ``out`` is one buffer copy; ``q8`` calls the
+    compiled kernel with its arguments prepared."""
+    rec = codec_record(codec)
+    _check_block(out)
+    t, h, d = out.shape
+    if block_tokens < 1 or min(t, h, d) < 1 or t % block_tokens:
+        raise ValueError(f"cannot decode blocks of {block_tokens} tokens into an array of "
+                         f"shape {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("the output array is read-only")
+    b = block_tokens
+    whole = out.flags.c_contiguous and out.flags.aligned and out.dtype.byteorder != ">"
+    if whole and rec.verbatim:
+        size = b * h * d * out.dtype.itemsize
+        target = out.reshape(-1).view(np.uint8).data  # a memoryview of out's bytes
+
+        def raw_block(data: Buffer, i: int) -> None:
+            if len(data) != size:
+                raise CodecError(f"raw section is {len(data)} octets, expected {size}")
+            target[i * size:(i + 1) * size] = data
+        return raw_block
+    kernel = _q8_kinds().get(out.dtype) if rec.name == "q8" and _q8_kernels is not None else None
+    if whole and kernel is not None:
+        kind, view = kernel
+        flat = out.view(view)
+        rows, decode = b * h, _q8_kernels.decode
+
+        def q8_block(data: Buffer, i: int) -> None:
+            if decode((data,), kind, rows, d, flat[i * b:(i + 1) * b]) >= 0:
+                size, expected = len(data), rows * (2 + d)
+                raise _q8_size_error(size, expected) if size != expected else \
+                    CodecError(_Q8_MINUS_128)
+        return q8_block
+    decode_blocks = rec.decode_blocks
+
+    def any_block(data: Buffer, i: int) -> None:
+        decode_blocks((data,), out[i * b:(i + 1) * b])
+    return any_block
+
+
 def decode_section_into(codec: str | int | Codec, data: Buffer, out: np.ndarray) -> None:
     """Decode one section into the preallocated ``(B, H, D)`` array ``out`` (see above)."""
     decode_sections_into(codec, (data,), out)

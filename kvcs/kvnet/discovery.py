@@ -11,7 +11,11 @@
   shorter ones (one request, and up to ``answer_wait`` seconds, per prefix length);
 * the KVSP Index (``discovery="index"``): one lookup of the prompt's Block Keys, whose
   ``moqt://`` replica records name publications (also those of a longer prefix than the
-  prompt) without revealing prefixes to relays.
+  prompt) without revealing prefixes to relays;
+* a standing listing (:class:`NamespaceIndex`), for a serving engine that looks up every
+  request of a scope (the vLLM connector): the same namespace listing, confirmed whole the
+  same way, then kept open and followed, so that each later lookup is a table lookup and a
+  miss costs no round trip.
 
 Which publication is usable (its manifest checks) is the consumer's question.
 """
@@ -23,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..endpoint import Endpoint, MoqtRequestError
+from ..endpoint import Endpoint, MoqtRequestError, NamespaceWatch
 from ..kv.errors import KvcsError
 from ..kv.ids import KvcsNamespace
 from ..kv.index import parse_publication_uri
@@ -34,9 +38,31 @@ from .endpoint_pool import EndpointPool
 if TYPE_CHECKING:
     from .kvsp_http import KvspClient
 
-__all__ = ["Discovery"]
+__all__ = ["SETTLE_S", "Discovery", "NamespaceIndex", "listed_publication", "scope_prefix"]
 
 log = logging.getLogger(__name__)
+
+
+def scope_prefix(scope_id: bytes, compat_id: bytes, hex_namespace: bool = False
+                 ) -> tuple[bytes, ...]:
+    """The namespace prefix of every publication of a scope and CompatID."""
+    fields = (scope_id, compat_id)
+    if hex_namespace:
+        return (b"kvcs-1", *(f.hex().encode() for f in fields))
+    return (b"kvcs-1", *fields)
+
+
+def listed_publication(ns: Sequence[bytes], scope_id: bytes, compat_id: bytes,
+                       hex_namespace: bool = False) -> KvcsNamespace | None:
+    """The publication a listed namespace names, if it is one of this scope and CompatID
+    (None: not a publication's namespace, or another scope's or CompatID's)."""
+    try:
+        kns = KvcsNamespace.from_fields(ns, hex_fields=hex_namespace)
+    except ValueError:
+        return None
+    if kns.scope_id != scope_id or kns.compat_id != compat_id:
+        return None
+    return kns
 
 
 class Discovery:
@@ -148,10 +174,7 @@ class Discovery:
 
     def scope_prefix(self) -> tuple[bytes, ...]:
         """The namespace prefix of every publication of this scope and CompatID."""
-        fields = (self.scope_id, self.compat_id)
-        if self.hex_namespace:
-            return (b"kvcs-1", *(f.hex().encode() for f in fields))
-        return (b"kvcs-1", *fields)
+        return scope_prefix(self.scope_id, self.compat_id, self.hex_namespace)
 
     async def listed_publications(self, ep: Endpoint, max_blocks: int | None = None,
                                   *, fence: bool = True) -> list[Publication]:
@@ -202,13 +225,9 @@ class Discovery:
             await watch.cancel()
         pubs: list[Publication] = []
         for ns in listed:
-            try:
-                kns = KvcsNamespace.from_fields(ns, hex_fields=self.hex_namespace)
-            except ValueError:
-                continue
-            i = where.get(kns.anchor_key)
-            if i is not None and kns.scope_id == self.scope_id and \
-                    kns.compat_id == self.compat_id:
+            kns = listed_publication(ns, self.scope_id, self.compat_id, self.hex_namespace)
+            i = None if kns is None else where.get(kns.anchor_key)
+            if kns is not None and i is not None:
                 pubs.append(Publication(kns, tuple(ns), i + 1, ep))
         pubs.sort(key=lambda p: -p.prefix_blocks)
         return pubs
@@ -258,3 +277,77 @@ class Discovery:
                 pubs.append(Publication(kns, fields, n, ep, index_blocks=n))
         pubs.sort(key=lambda p: -p.prefix_blocks)
         return pubs
+
+
+SETTLE_S = 0.05
+"""What :meth:`NamespaceIndex.open` waits for the NAMESPACE messages of what is published
+already when the peer does not take the REQUEST_UPDATE that confirms the list is whole (a
+kvcs relay does, and a relay below another one answers it once its upstream did)."""
+
+
+class NamespaceIndex:
+    """The publications of one scope and CompatID on one endpoint, kept current by ONE
+    standing SUBSCRIBE_NAMESPACE on ("kvcs-1", ScopeID, CompatID) (:func:`scope_prefix`):
+    opened like :meth:`Discovery.listed_publications` (the list confirmed whole in one round
+    trip), then followed. Every publication's Anchor Key is the Block Key of its last block,
+    so a prompt's longest published prefix is the highest index at which one of its Block
+    Keys is an Anchor Key here: each lookup after the opening is a table lookup, and a miss
+    costs no round trip. Only publications of this scope and CompatID are taken."""
+
+    def __init__(self, endpoint: Endpoint, scope_id: bytes, compat_id: bytes, *,
+                 hex_namespace: bool = False) -> None:
+        self.endpoint = endpoint
+        self.scope_id = scope_id
+        self.compat_id = compat_id
+        self.hex_namespace = hex_namespace
+        self.prefix = scope_prefix(scope_id, compat_id, hex_namespace)
+        self.anchors: dict[bytes, tuple[bytes, ...]] = {}
+        """Anchor Key -> the namespace of the latest publication listed with it."""
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Opened, and still followed (False once the session or the subscription ended:
+        open a new index)."""
+        return (self._task is not None and not self._task.done()
+                and not self.endpoint.is_closed)
+
+    async def open(self, timeout: float) -> None:
+        """Subscribe and take what the peer lists now (within ``timeout``)."""
+        watch = await asyncio.wait_for(self.endpoint.subscribe_namespace(self.prefix), timeout)
+        try:  # one round trip: the relay answers after the NAMESPACEs of all it knows
+            await asyncio.wait_for(watch.sync(), timeout)
+        except (TimeoutError, MoqtRequestError) as exc:
+            log.info("namespace list not confirmed whole (%s)", exc or "no answer")
+            await asyncio.sleep(SETTLE_S)
+        for ns in list(watch.current):
+            self.take(True, ns)
+        # the changes queued so far (the same namespaces) and every later one
+        self._task = asyncio.ensure_future(self._follow(watch))
+
+    async def _follow(self, watch: NamespaceWatch) -> None:
+        try:
+            async for change in watch:
+                self.take(*change)
+        except Exception as exc:  # the session ended: the owner opens a new index
+            log.info("namespace watch ended: %s", exc)
+
+    def take(self, added: bool, ns: Sequence[bytes]) -> None:
+        """One listing change (a NAMESPACE, or a NAMESPACE_DONE when not ``added``)."""
+        kns = listed_publication(ns, self.scope_id, self.compat_id, self.hex_namespace)
+        if kns is None:
+            return
+        if added:
+            self.anchors[kns.anchor_key] = tuple(ns)
+        elif self.anchors.get(kns.anchor_key) == tuple(ns):
+            del self.anchors[kns.anchor_key]
+
+    def longest(self, keys: Sequence[bytes]) -> Publication | None:
+        """The publication of the longest listed prefix of a prompt's Block Keys ``keys``
+        (None: none)."""
+        for i in range(len(keys) - 1, -1, -1):
+            fields = self.anchors.get(keys[i])
+            if fields is not None:
+                kns = KvcsNamespace.from_fields(fields, hex_fields=self.hex_namespace)
+                return Publication(kns, fields, i + 1, self.endpoint)
+        return None

@@ -72,6 +72,8 @@ its own.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .wire import AuthToken
@@ -152,6 +154,16 @@ class SessionConfig:
     binding's scheduler interleave streams by priority instead of draining one long
     stream first; only set it when the binding reports writability."""
     webtransport: bool = False
+    request_rate: float = 0.0
+    """The peer's new requests decoded per second (0: each as it arrives): one past the
+    rate waits with its message undecoded, charged to ``max_control_bytes``, and
+    unanswered (:class:`~kvcs.moqt.ratelimit.RequestGate`); a server sets its request
+    pacer's rate here, so that a flooding peer costs no decoding beyond what the server
+    would handle anyway."""
+    request_burst: int = 64
+    """New requests decoded at once before ``request_rate`` applies."""
+    clock: Callable[[], float] = time.monotonic
+    """The session's time in seconds (only ``request_rate`` reads it)."""
     publish_done_wait_s: float = 2.0
     """How long a subscriber waits, after PUBLISH_DONE, for the streams it counts that it
     has not seen (digest 4.11: a timer >= the delivery timeouts; kvcs sets none). A

@@ -38,6 +38,7 @@ from .errors import (
     violation,
 )
 from .outbox import Outbox
+from .ratelimit import WAITING_COST, RequestGate, WaitingStream
 from .requests import (
     Ending,
     Request,
@@ -56,6 +57,11 @@ SETUP_TYPE = wire.Setup.TYPE
 """0x2F00: both the control stream's type and its first message's type."""
 UNKNOWN_STREAM_COUNT = wire.MAX_VI64
 """PUBLISH_DONE's Stream Count when the publisher does not know it (digest 4.11)."""
+_REQUEST_TYPES = frozenset(m.TYPE for m in (
+    wire.Subscribe, wire.Publish, wire.Fetch, wire.TrackStatus, wire.PublishNamespace,
+    wire.SubscribeNamespace, wire.SubscribeTracks))
+"""Types of the messages that start a request (:data:`~kvcs.moqt.requests.RequestMessage`):
+what the session's :class:`~kvcs.moqt.ratelimit.RequestGate` paces."""
 _NAMESPACE_REQUESTS = frozenset({
     RequestKind.PUBLISH_NAMESPACE, RequestKind.SUBSCRIBE_NAMESPACE,
     RequestKind.SUBSCRIBE_TRACKS,
@@ -91,6 +97,10 @@ class ControlPlane(RequestCalls):
         self.budget = wire.ByteBudget(config.max_control_bytes)
         """Control state the peer makes us keep (``max_control_bytes``): the messages of
         its requests, unfinished control messages, pending REQUEST_UPDATEs, namespaces."""
+        self.gate = (RequestGate(config.request_rate, config.request_burst, config.clock())
+                     if config.request_rate > 0 else None)
+        """The peer's new requests waiting, undecoded, for their turn (``request_rate``);
+        None: each is decoded as it arrives."""
         self._next_alias = 0
         self.control_stream = opener.open_stream(True)
         out.emit(SetStreamPriority(self.control_stream, CONTROL_PRIORITY))
@@ -116,6 +126,8 @@ class ControlPlane(RequestCalls):
             self.budget.give(parser.buffered)
         self._opening.clear()
         self._draining.clear()
+        for waiting in self.gate.clear() if self.gate is not None else ():
+            self.budget.give(waiting.charged + waiting.parser.buffered)
         for req in self._requests:
             # the requests' state is let go with the session: its charge too, so that a
             # closed session accounts for nothing (the relay's held_bytes returns to 0)
@@ -210,14 +222,16 @@ class ControlPlane(RequestCalls):
             return
         req = self._requests.on_stream(stream_id)
         if req is not None:
-            msgs = self._feed(req.parser, data)
+            self._take(req, self._feed(req.parser, data), end)
         elif self.is_local(stream_id):
             return  # a request of ours we already forgot
+        elif self.gate is not None and (waiting := self.gate.get(stream_id)) is not None:
+            self._wait_more(waiting, data, end)
         else:
             # a new request stream: wait until its first message is complete
             parser = self._opening.pop(stream_id, None) or wire.ControlStreamParser()
-            msgs = self._feed(parser, data)
-            if not msgs:
+            frames = self._frames(parser, data)
+            if not frames:
                 if end:
                     raise violation("request stream ended before its first message")
                 if self.budget.over:
@@ -225,13 +239,26 @@ class ControlPlane(RequestCalls):
                 else:
                     self._opening[stream_id] = parser
                 return
-            new = self._new_peer_request(stream_id, msgs[0], parser)
-            if new is None:  # refused: the rest of the stream is dropped
-                if end:
-                    self._draining.discard(stream_id)
+            if self.gate is not None and frames[0][0] in _REQUEST_TYPES and \
+                    not self.gate.admit(self._config.clock()):
+                self._wait(WaitingStream(stream_id, parser), frames, end)
                 return
-            req = new
-            msgs = msgs[1:]
+            self._open(stream_id, parser, frames, end)
+
+    def _open(self, stream_id: int, parser: wire.ControlStreamParser,
+              frames: list[tuple[int, bytes]], end: bool) -> None:
+        """Decode a new request stream's first message (and what followed it) and start
+        the request, or refuse it."""
+        first = wire.decode_message(*frames[0])
+        req = self._new_peer_request(stream_id, first, parser)
+        if req is None:  # refused: the rest of the stream is dropped
+            if end:
+                self._draining.discard(stream_id)
+            return
+        self._take(req, [wire.decode_message(t, body) for t, body in frames[1:]], end)
+
+    def _take(self, req: Request, msgs: list[wire.Message], end: bool) -> None:
+        """Messages (and maybe FIN) on the stream of a request we keep."""
         for msg in msgs:
             self._on_message(req, msg)
             if self.budget.over:
@@ -244,6 +271,67 @@ class ControlPlane(RequestCalls):
             if req.parser.buffered:
                 raise violation("request stream ended inside a message")
             self._on_peer_fin(req)
+
+    # ------------------------------------------------------------------ paced requests
+
+    def _wait(self, waiting: WaitingStream, frames: list[tuple[int, bytes]],
+              end: bool) -> None:
+        """A new request past the session's request rate: it waits, undecoded, charged to
+        the control budget (refused, still undecoded, when that is over its limit)."""
+        assert self.gate is not None
+        first = not len(self.gate)
+        self.gate.hold(waiting)
+        waiting.charged = WAITING_COST
+        self.budget.force(WAITING_COST)
+        self._wait_more(waiting, b"", end, frames)
+        if first and self.gate.get(waiting.stream_id) is not None:
+            self._announce_wait()
+
+    def _wait_more(self, waiting: WaitingStream, data: bytes | memoryview, end: bool,
+                   frames: list[tuple[int, bytes]] | None = None) -> None:
+        """More bytes (and maybe FIN) of a waiting request stream: framed, not decoded."""
+        assert self.gate is not None
+        more = frames if frames is not None else self._frames(waiting.parser, data)
+        cost = sum(len(body) for _, body in more)
+        waiting.frames += more
+        waiting.charged += cost
+        self.budget.force(cost)
+        waiting.end = waiting.end or end
+        if end and waiting.parser.buffered:
+            raise violation("request stream ended inside a message")
+        if self.budget.over:
+            self.gate.drop(waiting.stream_id)
+            self.budget.give(waiting.charged)
+            self._refuse(waiting.stream_id, waiting.parser,
+                         "waiting requests over our limit")
+            if end:
+                self._draining.discard(waiting.stream_id)
+
+    def _announce_wait(self) -> None:
+        assert self.gate is not None
+        delay = self.gate.next_due(self._config.clock())
+        if delay is not None:
+            self._out.event(ev.RequestsWaiting(len(self.gate), delay))
+
+    def resume_requests(self) -> None:
+        """Decode and start the waiting requests whose turn has come (oldest first); if
+        some still wait, :class:`~kvcs.moqt.events.RequestsWaiting` says when to call
+        again."""
+        if self.gate is None:
+            return
+        for waiting in self.gate.due(self._config.clock()):
+            self.budget.give(waiting.charged)
+            self._open(waiting.stream_id, waiting.parser, waiting.frames, waiting.end)
+        self._announce_wait()
+
+    def _frames(self, parser: wire.ControlStreamParser,
+                data: bytes | memoryview) -> list[tuple[int, bytes]]:
+        """Frame a request stream's bytes; what its parser keeps of an unfinished message
+        is charged to the control budget."""
+        before = parser.buffered
+        frames = parser.frames(data)
+        self.budget.force(parser.buffered - before)
+        return frames
 
     def _feed(self, parser: wire.ControlStreamParser,
               data: bytes | memoryview) -> list[wire.Message]:
@@ -478,10 +566,11 @@ class ControlPlane(RequestCalls):
         done = req.publish_done
         if done is None:
             return
+        missing = 0
         if waited:
+            missing = max(0, done.stream_count - req.streams_ended)
             log.info("subscription %d: %d of the %d streams PUBLISH_DONE counts never "
-                     "came: ended", req.request_id, done.stream_count - req.streams_ended,
-                     done.stream_count)
+                     "came: ended", req.request_id, missing, done.stream_count)
         elif done.stream_count != UNKNOWN_STREAM_COUNT:
             if req.streams_ended < done.stream_count:
                 return
@@ -489,7 +578,7 @@ class ControlPlane(RequestCalls):
             return
         self._data.unbind_alias(req)
         req.publish_done = None
-        self._out.event(ev.SubscriptionEnded(req.request_id, done))
+        self._out.event(ev.SubscriptionEnded(req.request_id, done, missing))
         self._forget_if_closed(req)
 
     def stop_waiting_for_streams(self, request_id: int) -> bool:
@@ -557,6 +646,9 @@ class ControlPlane(RequestCalls):
         parser = self._opening.pop(stream_id, None)
         if parser is not None:
             self.budget.give(parser.buffered)
+        waiting = self.gate.drop(stream_id) if self.gate is not None else None
+        if waiting is not None:  # cancelled before its turn: never decoded
+            self.budget.give(waiting.charged + waiting.parser.buffered)
 
     def stop_sending(self, stream_id: int, code: int) -> None:
         """The peer asked us to stop sending on a request stream (a cancel)."""

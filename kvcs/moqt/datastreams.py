@@ -19,7 +19,7 @@ it hands :class:`~kvcs.moqt.requests.Request` records in and binds Track Aliases
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import events as ev
@@ -55,6 +55,17 @@ log = logging.getLogger(__name__)
 
 _NOT_ENDED = -1
 """``_Incoming.held_end`` while a held stream has not ended (reset codes are >= 0)."""
+
+JOIN_RUN_BELOW = 256 * 1024
+"""A run of objects (:meth:`DataStreams.write_objects`) whose payloads total less than
+this goes out in ONE joined write: what a relay forwards per read of its upstream (4-8
+objects of 32 KiB) takes one trip through the scheduler instead of one per object. A
+larger run (a publisher's layer) goes out as one joined write per object, as
+:meth:`DataStreams.write_object` writes: one join of a 2 MiB layer would be a fresh 2 MiB
+buffer per run, and a payload written by reference after its prefix cost the publisher
+more than the join it saves (KVCS live direct, alternating runs at the same load: 3.14-3.15
+against 2.46-2.94 ms/MiB on its event-loop thread: one more scheduler entry, refill turn
+and qh3 send_stream call per object)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -396,10 +407,42 @@ class DataStreams:
         actions = self._out.actions  # the hot path: one append per object
         if payload:
             # one write of prefix + payload: the copy (~2 us for 32 KiB) costs less than
-            # a second trip through the scheduler and qh3's send_stream (0.1-0.2 ms/MiB)
+            # a second trip through the scheduler and qh3's send_stream (JOIN_RUN_BELOW)
             actions.append(SendStreamData(stream_id, b"".join((prefix, payload)), end))
         else:
             actions.append(SendStreamData(stream_id, prefix, end))
+        if end:
+            self._closed(stream_id, s)
+        return True
+
+    def write_objects(self, stream_id: int, objs: Sequence[ObjectRecord], end: bool) -> bool:
+        """Write objects on a subgroup stream in as few writes as :data:`JOIN_RUN_BELOW`
+        allows (one for a relay's run); False if the stream is gone."""
+        s = self._outgoing.get(stream_id)
+        if s is None:
+            return False
+        writer = s.writer
+        if not isinstance(writer, SubgroupWriter):
+            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
+        prefix = writer.object_prefix
+        actions = self._out.actions
+        last = len(objs) - 1
+        if sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:  # one write per object
+            for i, o in enumerate(objs):
+                payload = o.payload
+                head = prefix(o.object_id, len(payload), o.status, o.properties)
+                actions.append(SendStreamData(
+                    stream_id, b"".join((head, payload)) if payload else head,
+                    end and i == last))
+        else:
+            parts: list[bytes | memoryview] = []
+            for o in objs:
+                payload = o.payload
+                parts.append(prefix(o.object_id, len(payload), o.status, o.properties))
+                if payload:
+                    parts.append(payload)
+            if parts:
+                actions.append(SendStreamData(stream_id, b"".join(parts), end))
         if end:
             self._closed(stream_id, s)
         return True

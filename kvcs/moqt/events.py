@@ -142,10 +142,14 @@ class PublishSkippedReceived:
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionEnded:
-    """PUBLISH_DONE arrived and all the streams it counted have ended."""
+    """PUBLISH_DONE arrived and all the streams it counted have ended, or the wait for
+    them expired (:class:`StreamsOutstanding`)."""
 
     request_id: int
     message: wire.PublishDone
+    streams_missing: int = 0
+    """Streams PUBLISH_DONE counts that never came (the wait expired): what they carried
+    is unknown, so the subscription cannot vouch for every object up to its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +161,16 @@ class StreamsOutstanding:
 
     request_id: int
     missing: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestsWaiting:
+    """``count`` new requests of the peer wait, undecoded, for the session's request rate
+    (``SessionConfig.request_rate``): the binding calls :meth:`Session.resume_requests
+    <kvcs.moqt.session.Session.resume_requests>` in ``delay`` seconds."""
+
+    count: int
+    delay: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +250,7 @@ Event = (
     | PublishSkippedReceived
     | SubscriptionEnded
     | StreamsOutstanding
+    | RequestsWaiting
     | RequestFailed
     | ObjectReceived
     | RangeMarkerReceived

@@ -25,19 +25,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import KvcsError
 from . import events as ev
 from .errors import PublishDoneCode, RequestErrorCode, StreamResetCode
+from .filters import FilterError, check_range_filters, passes_range_filters
 from .session import Session
 from .track import CachedObject, Track
 from .wire import (
     END_OF_UNKNOWN_RANGE,
     MAX_VI64,
-    PARAM_OBJECT_PROPERTY_FILTER,
-    PARAM_OBJECTID_FILTER,
-    PARAM_PRIORITY_FILTER,
-    PARAM_SUBGROUP_FILTER,
-    PARAM_TRACK_PROPERTY_FILTER,
     Fetch,
     GroupOrder,
     Location,
@@ -47,9 +42,11 @@ from .wire import (
     RangeFilter,
     Subscribe,
     TrackStatus,
-    prop_get,
 )
 from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
+
+__all__ = ["CURSOR_COST", "FilterError", "TrackServer", "check_range_filters",
+           "passes_range_filters"]
 
 log = logging.getLogger(__name__)
 
@@ -62,64 +59,6 @@ _RESET_FOR_DONE: dict[int, int] = {
 }
 """The code of the RESET_STREAMs that cut a subscription's data streams short, by the
 PUBLISH_DONE status that ends it (INTERNAL_ERROR for the others)."""
-
-
-class FilterError(KvcsError, ValueError):
-    """A request's filters cannot be honoured (REQUEST_ERROR ``code``)."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
-def check_range_filters(filters: tuple[RangeFilter, ...], max_ranges: int) -> None:
-    """Validate Range Filters against our MAX_FILTER_RANGES; raises FilterError."""
-    seen: set[tuple[int, int, int | None]] = set()
-    total = 0
-    for f in filters:
-        key = (f.param_type, f.set_id, f.property_type)
-        if key in seen:
-            raise FilterError(RequestErrorCode.INVALID_FILTER, "duplicate range filter")
-        seen.add(key)
-        if f.param_type == PARAM_TRACK_PROPERTY_FILTER:
-            raise FilterError(RequestErrorCode.INVALID_FILTER, "TRACK_PROPERTY_FILTER here")
-        if f.param_type == PARAM_OBJECT_PROPERTY_FILTER and (f.property_type or 0) % 2:
-            raise FilterError(RequestErrorCode.INVALID_FILTER, "odd property type in filter")
-        if f.param_type == PARAM_PRIORITY_FILTER and any(
-            (e if e is not None else s) > 255 for s, e in f.ranges
-        ):
-            raise FilterError(RequestErrorCode.INVALID_FILTER, "priority range above 255")
-        total += len(f.ranges)
-    if total > max_ranges:
-        raise FilterError(RequestErrorCode.INVALID_FILTER,
-                          f"{total} filter ranges, limit {max_ranges}")
-
-
-def _in_ranges(value: int, ranges: tuple[tuple[int, int | None], ...]) -> bool:
-    return any(value >= lo and (hi is None or value <= hi) for lo, hi in ranges)
-
-
-def passes_range_filters(obj: CachedObject, filters: tuple[RangeFilter, ...]) -> bool:
-    """OR over Set IDs of the AND of that set's filters (digest 6.3)."""
-    if not filters:
-        return True
-    sets: dict[int, bool] = {}
-    for f in filters:
-        if f.remove:
-            continue
-        if f.param_type == PARAM_OBJECTID_FILTER:
-            ok = _in_ranges(obj.object_id, f.ranges)
-        elif f.param_type == PARAM_SUBGROUP_FILTER:
-            ok = _in_ranges(obj.subgroup_id, f.ranges)
-        elif f.param_type == PARAM_PRIORITY_FILTER:
-            ok = _in_ranges(obj.publisher_priority, f.ranges)
-        elif f.param_type == PARAM_OBJECT_PROPERTY_FILTER:
-            v = prop_get(obj.properties, f.property_type or 0, None)
-            ok = isinstance(v, int) and _in_ranges(v, f.ranges)
-        else:
-            ok = True
-        sets[f.set_id] = sets.get(f.set_id, True) and ok
-    return not sets or any(sets.values())
 
 
 CURSOR_COST = 512
@@ -537,11 +476,10 @@ class TrackServer:
     def _track_changed(self, track: Track, what: str, objs: Sequence[CachedObject]) -> None:
         subs = [s for s in self._subs.values() if s.track is track]
         if what == "object":
-            # one call per run of new objects (a published layer): the checks below run
-            # once per run, not once per object
+            # one call per run of new objects (a published layer, what a relay received
+            # in one read): the checks below run once per run, not once per object
             for sub in subs:
-                for obj in objs:
-                    self._forward(sub, obj)
+                self._forward(sub, objs)
         elif what == "subgroup_closed":
             obj = objs[0]
             for sub in subs:
@@ -577,14 +515,12 @@ class TrackServer:
             if cur.track is track and not cur.done:
                 self._pump(cur)
 
-    def _forward(self, sub: _Subscription, obj: CachedObject) -> None:
+    def _forward(self, sub: _Subscription, objs: Sequence[CachedObject]) -> None:
+        """Write a run of new objects to a live subscription: each stretch of consecutive
+        objects of one subgroup in one write."""
         if sub.done or not sub.forward:
             return
-        loc = obj.location
-        if loc < sub.start or (sub.end is not None and loc > sub.end):
-            return
-        if obj.status == ObjectStatus.NORMAL and not passes_range_filters(obj, sub.filters):
-            return
+        # once per run: what the transport holds does not change while the run is written
         if self._backlog is not None and self._backlog() > self.max_backlog:
             # the peer does not read (QUIC flow control holds the rest back): queueing
             # more would grow without bound, and pin objects the cache has let go
@@ -594,12 +530,44 @@ class TrackServer:
             self.end_subscription(sub.request_id, PublishDoneCode.TOO_FAR_BEHIND,
                                   "subscriber too far behind")
             return
+        start, end, filters = sub.start, sub.end, sub.filters
+        stretch: list[CachedObject] = []
+        key = (-1, -1)
+        for obj in objs:
+            loc = obj.location
+            if loc < start or (end is not None and loc > end):
+                continue
+            normal = obj.status == ObjectStatus.NORMAL
+            if normal and filters and not passes_range_filters(obj, filters):
+                continue
+            k = (obj.group_id, obj.subgroup_id)
+            if k != key or obj.object_id <= stretch[-1].object_id:
+                if stretch:
+                    self._write_stretch(sub, key, stretch)
+                    if sub.done:
+                        return
+                stretch = []
+                key = k
+            stretch.append(obj)
+            if not normal:  # it ends its stream: the stretch ends with it
+                self._write_stretch(sub, key, stretch)
+                if sub.done:
+                    return
+                stretch = []
+                key = (-1, -1)
+        if stretch:
+            self._write_stretch(sub, key, stretch)
+
+    def _write_stretch(self, sub: _Subscription, key: tuple[int, int],
+                       objs: list[CachedObject]) -> None:
+        """Write objects of subgroup ``key`` (increasing Object IDs, only the last one may
+        be a status object) on its stream, opening the stream first if needed."""
         s = self.session
-        key = (obj.group_id, obj.subgroup_id)
+        first, last = objs[0], objs[-1]
         sid = sub.streams.get(key)
         if sid is not None and not s.data_stream_open(sid):
             sid = None
-        if sid is not None and obj.object_id <= sub.last_ids.get(key, -1):
+        if sid is not None and first.object_id <= sub.last_ids.get(key, -1):
             # behind what this stream carried already (a relay whose upstream sent the
             # subgroup on two streams that raced): a subgroup stream only goes forward, so
             # it ends here, with everything written to it delivered, and the subgroup
@@ -608,19 +576,19 @@ class TrackServer:
             sid = None
         if sid is None:
             default = sub.track.default_priority
-            prio = None if obj.publisher_priority == default else obj.publisher_priority
-            sid = s.open_subgroup(sub.request_id, obj.group_id, obj.subgroup_id, prio,
+            prio = None if first.publisher_priority == default else first.publisher_priority
+            sid = s.open_subgroup(sub.request_id, first.group_id, first.subgroup_id, prio,
                                   default_priority=default, has_properties=True)
             sub.streams[key] = sid
-        end = obj.status != ObjectStatus.NORMAL
-        s.write_object(sid, obj.object_id, obj.payload, obj.status, obj.properties, end=end)
-        self.objects_sent += 1
-        self.bytes_sent += len(obj.payload)
-        sub.last_ids[key] = obj.object_id
+        end = last.status != ObjectStatus.NORMAL
+        s.write_objects(sid, objs, end=end)
+        self.objects_sent += len(objs)
+        self.bytes_sent += sum([len(o.payload) for o in objs])
+        sub.last_ids[key] = last.object_id
         if end:
             sub.streams.pop(key, None)
             sub.last_ids.pop(key, None)
-        if obj.status == ObjectStatus.END_OF_TRACK:
+        if last.status == ObjectStatus.END_OF_TRACK:
             self._track_ended(sub)
 
     @staticmethod

@@ -27,7 +27,7 @@ No sockets and no asyncio here: it is tested byte by byte.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from . import events as ev
@@ -104,6 +104,8 @@ class SessionUsage:
     """Charged to ``max_data_bytes``."""
     early_bytes: int
     """Charged to ``setup_buffer_limit`` (input kept before the peer's SETUP)."""
+    waiting_requests: int = 0
+    """New requests of the peer waiting, undecoded, for ``request_rate``."""
 
 
 class Session:
@@ -143,6 +145,19 @@ class Session:
         """Return the next event for the application, or None."""
         events = self._out.events
         return events.popleft() if events else None
+
+    def next_objects(self, request_id: int) -> list[ev.ObjectReceived]:
+        """Pop the ObjectReceived events of ``request_id`` that come next, in order, up to
+        the first other event: the rest of a run of one request's objects, for a caller
+        that handles a run in one call (a relay's upstream subscription)."""
+        events = self._out.events
+        run: list[ev.ObjectReceived] = []
+        while events:
+            e = events[0]
+            if type(e) is not ev.ObjectReceived or e.request_id != request_id:
+                break
+            run.append(events.popleft())  # type: ignore[arg-type]
+        return run
 
     def events(self) -> Iterable[ev.Event]:
         """Drain all pending events."""
@@ -286,6 +301,16 @@ class Session:
         elif self._uni_prefix.pop(sid, None) is None:
             self._data.reset(sid, code)
 
+    def resume_requests(self) -> None:
+        """Decode the peer's waiting requests whose turn has come (after
+        :class:`~kvcs.moqt.events.RequestsWaiting`; ``config.request_rate``)."""
+        if self._out.closed is not None:
+            return
+        try:
+            self._ctl.resume_requests()
+        except ProtocolError as exc:
+            self._fail(exc)
+
     def stop_sending(self, stream_id: int, code: int) -> None:
         """The peer asked us to stop sending on a stream (STOP_SENDING)."""
         if self._out.closed is not None:
@@ -391,6 +416,7 @@ class Session:
             control_bytes=self._ctl.budget.used,
             data_bytes=self._data.budget.used,
             early_bytes=self._early_bytes,
+            waiting_requests=len(self._ctl.gate) if self._ctl.gate is not None else 0,
         )
 
     def subscription_info(self, request_id: int) -> Request:
@@ -471,6 +497,14 @@ class Session:
         if self._out.closed is not None:
             return False
         return self._data.write_object(stream_id, object_id, payload, status, properties, end)
+
+    def write_objects(self, stream_id: int, objs: Sequence[ObjectRecord],
+                      end: bool = False) -> bool:
+        """Write objects (increasing Object IDs) on a subgroup stream in one write;
+        ``end`` FINs the stream after them. False if the stream is gone."""
+        if self._out.closed is not None:
+            return False
+        return self._data.write_objects(stream_id, objs, end)
 
     def open_fetch_stream(self, request_id: int, fill_id: int | None = None,
                           publisher_priority: int = 128, first_group: int = 0) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, KvcsError
+from ..transport.config import CONGESTION_CONTROLS
 
 
 class ListenError(KvcsError, OSError):
@@ -102,6 +103,14 @@ class RelayConfig:
     :mod:`kvcs.transport.quic`. ``kvcs relay`` makes it the process default
     (:func:`kvcs.transport.use_library`) before it makes the relay's QuicSettings;
     unset: ``KVCS_QUIC_BACKEND`` if set, else ``auto``."""
+    congestion_control: str | None = None
+    """aioquic congestion controller of the relay's connections (``reno``, ``cubic``,
+    ``bbr``; unset: reno). Needs ``quic_backend: aioquic``: qh3's cannot be chosen."""
+    upstream_quic_backend: str | None = None
+    """QUIC library of the upstream link only (unset: the relay's)."""
+    upstream_congestion_control: str | None = None
+    """Congestion controller of the upstream link only (unset: ``congestion_control``):
+    e.g. ``bbr`` across sites while local links stay on qh3."""
     max_fetches_per_session: int = 16
     max_requests_per_session: int = 1024
     fetch_retry_ms: int = 1000
@@ -231,8 +240,14 @@ class RelayConfig:
             raise ConfigError("max-sessions and accept-rate must be positive")
         if self.quic_preset not in ("default", "loopback"):
             raise ConfigError("--quic-preset must be 'default' or 'loopback'")
-        if self.quic_backend not in (None, "auto", "aioquic", "qh3"):
-            raise ConfigError("--quic-backend must be 'auto', 'aioquic' or 'qh3'")
+        for flag, value in (("quic-backend", self.quic_backend),
+                            ("upstream-quic-backend", self.upstream_quic_backend)):
+            if value not in (None, "auto", "aioquic", "qh3"):
+                raise ConfigError(f"--{flag} must be 'auto', 'aioquic' or 'qh3'")
+        for flag, value in (("congestion-control", self.congestion_control),
+                            ("upstream-congestion-control", self.upstream_congestion_control)):
+            if value not in (None, *CONGESTION_CONTROLS):
+                raise ConfigError(f"--{flag} must be one of {', '.join(CONGESTION_CONTROLS)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"--log-level: unknown level {self.log_level!r}")
 

@@ -78,8 +78,14 @@ class Relay:
         try:
             settings = settings or QuicSettings.for_path(mtu=config.mtu,
                                                          preset=config.quic_preset)
+            settings = settings.with_transport(congestion_control=config.congestion_control)
             self.settings = dataclasses.replace(settings, max_connections=config.max_sessions,
                                                 accept_rate=config.accept_rate)
+            self.upstream_settings = self.settings.with_transport(
+                config.upstream_quic_backend, config.upstream_congestion_control)
+            """The settings of the upstream link: the relay's, or another library and
+            controller for a link across sites (``upstream_quic_backend``,
+            ``upstream_congestion_control``)."""
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.metrics = Metrics()
@@ -200,10 +206,13 @@ class Relay:
         try:
             if cfg.upstream:
                 await self._connect_upstream()
+            lim = self.admission.limits
             self.server = await serve_sessions(host, port, self._on_connection,
                                                certfile=certfile, keyfile=keyfile,
                                                settings=self.settings,
-                                               implementation=IMPLEMENTATION)
+                                               implementation=IMPLEMENTATION,
+                                               request_rate=lim.request_rate,
+                                               request_burst=lim.request_burst)
         except OSError as exc:
             await self._close_started()
             if isinstance(exc, ConnectionError):
@@ -242,7 +251,7 @@ class Relay:
                 return peer
             try:
                 session = await open_session(
-                    url, bind, settings=self.settings, cafile=cfg.upstream_cafile,
+                    url, bind, settings=self.upstream_settings, cafile=cfg.upstream_cafile,
                     verify=not cfg.upstream_insecure, auth_tokens=tokens,
                     implementation=IMPLEMENTATION, timeout=cfg.upstream_timeout)
             except (ConnectionError, OSError, TimeoutError) as exc:

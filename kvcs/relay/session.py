@@ -98,7 +98,10 @@ class RelaySession(BoundSession):
         if isinstance(e, ev.ObjectReceived):
             link = relay.links.fed(self, e.request_id)
             if link is not None:
-                relay.links.on_object(link, e)
+                # the objects of the link queued right behind this one go in with it, in
+                # order: one call chain per run instead of per object
+                run = self.session.next_objects(e.request_id)
+                relay.links.on_objects(link, [e, *run] if run else [e])
             return
         rid = getattr(e, "request_id", None)
         if rid is None:

@@ -74,6 +74,10 @@ def max_datagram_size_limit(library: str | None = None) -> int:
     return adapter(library).max_datagram_size_limit
 
 
+CONGESTION_CONTROLS = ("reno", "cubic", "bbr")
+"""Names :attr:`QuicSettings.congestion_control` accepts (aioquic's controllers)."""
+
+
 @dataclass(frozen=True, slots=True)
 class QuicSettings:
     """Transport knobs shared by client and server. All sizes are bytes.
@@ -141,7 +145,10 @@ class QuicSettings:
     """QUIC DATAGRAM support (RFC 9221), required by MOQT: largest DATAGRAM frame accepted."""
 
     congestion_control: str = "reno"
-    """aioquic congestion controller: ``"reno"`` or ``"cubic"`` (qh3 has no choice)."""
+    """aioquic congestion controller: ``"reno"``, ``"cubic"`` or ``"bbr"``
+    (:mod:`kvcs.transport.quic.bbr`: a bandwidth and min-RTT model that does not read
+    random loss as congestion, for long lossy paths; docs/perf-profile.md). qh3 has no
+    choice: its one controller is used whatever this says."""
 
     max_connections: int = 1024
     """Server: connections at once. The first packets of a new client past it are
@@ -196,6 +203,9 @@ class QuicSettings:
             raise ValueError("datagram_receive_buffer must be at least 2048")
         if self.send_watermark <= 0:
             raise ValueError("send_watermark must be positive")
+        if self.congestion_control not in CONGESTION_CONTROLS:
+            raise ValueError(f"unknown congestion control {self.congestion_control!r}: use "
+                             f"one of {', '.join(CONGESTION_CONTROLS)}")
 
     @classmethod
     def loopback(cls, **overrides: Any) -> QuicSettings:
@@ -231,6 +241,26 @@ class QuicSettings:
             raise ValueError(f"--mtu must be within {MIN_DATAGRAM_SIZE + UDP_IP_OVERHEAD}.."
                              f"{limit + UDP_IP_OVERHEAD} on {settings.library}, got {mtu}")
         return dataclasses.replace(settings, max_datagram_size=size)
+
+    def with_transport(self, library: str | None = None,
+                       congestion_control: str | None = None) -> QuicSettings:
+        """These settings on ``library`` (None: the same) with ``congestion_control``
+        (None: the same); a datagram size above the new library's limit becomes its
+        limit. ValueError (one line) for a controller asked of qh3, whose one built-in
+        controller cannot be changed."""
+        lib = resolve(library) if library else self.library
+        assert lib is not None  # resolved when made
+        changes: dict[str, Any] = {"library": lib}
+        if congestion_control is not None:
+            if lib != "aioquic":
+                raise ValueError(f"congestion control {congestion_control!r} needs the aioquic "
+                                 f"QUIC library (--quic-backend aioquic): {lib} has one "
+                                 "built-in controller")
+            changes["congestion_control"] = congestion_control
+        if self.max_datagram_size is not None:
+            changes["max_datagram_size"] = min(self.max_datagram_size,
+                                               max_datagram_size_limit(lib))
+        return dataclasses.replace(self, **changes)
 
     def datagram_size_for(self, peer: NetworkAddress | None) -> int:
         """The datagram size of a connection with ``peer`` (see

@@ -17,12 +17,12 @@ import logging
 import socket
 from collections.abc import Callable
 
+from ..moqt.ratelimit import TokenBucket
 from .config import ALPN_H3, ALPN_MOQT, MIN_DATAGRAM_SIZE, QuicSettings
 from .connection import MoqtConnection
 from .interfaces import SessionFactory, SessionHook
 from .quic import adapter
 from .quic.base import NetworkAddress, QuicAdapter
-from .ratelimit import TokenBucket
 from .udp import UdpSocket, udp_socket
 
 logger = logging.getLogger(__name__)

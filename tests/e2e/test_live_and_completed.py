@@ -8,12 +8,13 @@ import time
 import numpy as np
 import pytest
 
+from kvcs.endpoint import Endpoint
 from kvcs.kvnet.consumer import KvConsumer, KvLayer
-from kvcs.kvnet.publisher import KvPublisher, PublicationError
-from kvcs.testing import LocalNet
+from kvcs.kvnet.publisher import KvPublisher, PublicationError, PublisherOptions
+from kvcs.testing import LocalNet, reached
 
 from .conftest import BLOCK, BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
-from .helpers import produce_slowly, publish_cache
+from .helpers import check_layers, produce_slowly, publish_cache
 
 
 async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None:
@@ -24,7 +25,7 @@ async def test_live_consumer_mid_production(net: LocalNet, hashing: str) -> None
     pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT)
     await pub.start()
     task, started = produce_slowly(pub, data, started_after=1, pause=0.15)
-    await started.wait()  # the consumer joins while layers 2.. are still to come
+    await reached(started, task)  # the consumer joins while layers 2.. are still to come
     consumer = KvConsumer(cons_ep, SCOPE, DESC, PROMPT)
     found = await consumer.discover()
     assert found is not None and found.prefix_blocks == BLOCKS
@@ -163,3 +164,29 @@ async def test_concurrent_put_layer_never_publishes_a_location_twice(net: LocalN
     for layer in got:
         assert same(layer.k, data[layer.index][0]) and same(layer.v, data[layer.index][1])
     assert consumer.stats.duplicates == 0 and consumer.stats.rejected == 0
+
+
+class _NeverDrained(Endpoint):
+    """An endpoint whose transport never reports its queue empty (as qh3 did after a path
+    outage: 261,688 unsent bytes counted with no stream left open)."""
+
+    async def drain(self, limit: int = 4 << 20) -> None:
+        if limit == 0:
+            await asyncio.Event().wait()
+        await super().drain(limit)
+
+
+async def test_finish_waits_for_the_transport_a_bounded_time(net: LocalNet) -> None:
+    """finish() waits for the transport to send what is queued at most
+    PublisherOptions.flush_s, then goes on: the publication is complete on the relay."""
+    relay = await net.relay()
+    ep = await net.client(relay, endpoint_class=_NeverDrained)
+    pub = KvPublisher(ep, SCOPE, DESC, PROMPT, PublisherOptions(flush_s=0.5))
+    data = cache(5)
+    for i, (k, v) in enumerate(data):
+        await pub.put_layer(i, k, v)
+    await asyncio.wait_for(pub.finish(), 30)
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)
+    found = await consumer.discover()
+    assert found is not None
+    check_layers([x async for x in consumer.layers(found)], data)

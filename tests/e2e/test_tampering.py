@@ -17,7 +17,7 @@ from kvcs.moqt.track import Track
 from kvcs.moqt.wire import ObjectRecord
 from kvcs.relay import Relay
 from kvcs.relay.links import Link, Links
-from kvcs.testing import LocalNet
+from kvcs.testing import LocalNet, reached
 
 from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache
 from .helpers import check_layers, produce_slowly, publish_cache, signing_key
@@ -170,7 +170,7 @@ async def test_live_signed_layers_confirmed_by_later_manifest_versions(net: Loca
     await pub.start()
     data = cache(17)
     task, started = produce_slowly(pub, data, started_after=0, pause=0.1)
-    await started.wait()
+    await reached(started, task)
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, keyring=keyring,
                           require_signed=True)
     found = await consumer.discover()

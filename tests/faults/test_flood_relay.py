@@ -99,9 +99,15 @@ async def _session(port: int, cafile: str, timeout: float = 10.0) -> tuple[Any, 
                          timeout=timeout)
     flooder = made[0]
     conn.attach(flooder)
-    while flooder.session.peer_setup is None:
-        flooder.wake.clear()
-        await asyncio.wait_for(flooder.wake.wait(), timeout)
+    try:
+        while flooder.session.peer_setup is None:
+            flooder.wake.clear()
+            await asyncio.wait_for(flooder.wake.wait(), timeout)
+    except BaseException:
+        # closed, not abandoned: a session whose SETUP answer came late (load 12) was
+        # left open, and the relay kept it until its idle timeout (60 s)
+        conn.close()
+        raise
     return conn, flooder
 
 
@@ -305,9 +311,15 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
               f"sessions (bound {bound / 2**20:.0f} MiB)")
         assert growth <= bound
         # and it forgets them once they are gone (a session whose client gave up during
-        # the handshake goes when no SETUP came: SETUP_TIMEOUT)
-        await until(lambda: len(relay.sessions) == 3 and pacer.waiting == 0,
-                    timeout=SETUP_TIMEOUT + 5)
+        # the handshake goes when no SETUP came: SETUP_TIMEOUT; a generous deadline past
+        # it: at load 13 five seconds more were not enough)
+        try:
+            await until(lambda: len(relay.sessions) == 3 and pacer.waiting == 0,
+                        timeout=SETUP_TIMEOUT + 25)
+        except AssertionError:
+            raise AssertionError(("sessions left", pacer.waiting, [
+                (p.id, p.is_closed, p.peer_setup is not None, p.session.usage)
+                for p in relay.sessions.values()])) from None
 
 
 if __name__ == "__main__":  # the flooder process: PORT CAFILE, until SIGTERM

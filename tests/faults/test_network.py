@@ -22,6 +22,7 @@ from kvcs.endpoint import Endpoint
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.kvnet.reconnect import ReconnectingTarget
+from kvcs.testing import reached
 from kvcs.transport import DevCertificate
 
 from .conftest import INTERNET, FaultNet
@@ -76,14 +77,19 @@ async def _live_past_layer_1(pub: KvPublisher, cons_ep: Endpoint, data: Layers,
     """Start a live transfer (a layer every 0.1 s) from ``pub`` to a consumer on
     ``cons_ep`` with ``budget``; return once it has yielded layer 1: (the consumer, its
     retrieval, the production)."""
-    reached = asyncio.Event()
+    layer_1 = asyncio.Event()
     kv = consumer(cons_ep, recompute_budget_s=budget,
-                  on_progress=lambda _w, i, _n: i == 1 and reached.set())  # type: ignore
+                  on_progress=lambda _w, i, _n: i == 1 and layer_1.set())  # type: ignore
     await pub.start()
     found = await kv.discover()
     producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
     retrieval = asyncio.create_task(consume(kv, found))
-    await reached.wait()
+    try:  # not forever: a retrieval that ended before layer 1 fails the test (it hung)
+        await reached(layer_1, retrieval)
+    except BaseException:
+        producing.cancel()
+        retrieval.cancel()
+        raise
     return kv, retrieval, producing
 
 
@@ -100,11 +106,12 @@ async def transfer(cert: DevCertificate, impairment: Impairment | None, seed: in
             await pub.start()
             found = await kv.discover()
             producing = asyncio.create_task(_produce(pub, data))
-            result = await consume(kv, found, workload=workload)
+            # longer than the consumer's answer (two budgets): its outcome, not a timeout
+            result = await consume(kv, found, workload=workload, timeout=2 * budget + 30)
             await producing
         else:
             await _produce(pub, data)
-            result = await consume(kv, workload=workload)
+            result = await consume(kv, workload=workload, timeout=2 * budget + 30)
         if impairment is not None:
             assert any(p.up_counters.dropped or p.down_counters.dropped
                        or p.up_counters.duplicated or p.up_counters.reordered
@@ -126,12 +133,20 @@ IMPAIRMENTS: dict[str, tuple[Impairment, Workload]] = {
 }
 
 
+IMPAIRED_BUDGET = 30.0
+"""The consumer's recompute budget in the impaired transfers (seconds without progress)."""
+
+
 async def _impaired(cert: DevCertificate, scenario: ScenarioRecord, name: str, seed: int,
                     live: bool) -> None:
     impairment, workload = IMPAIRMENTS[name]
     baseline = await transfer(cert, None, seed, workload=workload, live=live)
     assert baseline.complete and baseline.wrong_tensors == 0
-    got = await transfer(cert, impairment, seed, workload=workload, live=live)
+    # what is asserted is the outcome (whole, exact), not the speed: a generous budget
+    # without progress, since every peer and proxy shares this one process and event
+    # loop (at load 13 on two cores a 1% loss live run went 10 s without progress)
+    got = await transfer(cert, impairment, seed, workload=workload, live=live,
+                         budget=IMPAIRED_BUDGET)
     scenario.record(got, baseline)
     assert got.complete, got.missing
     assert got.wrong_tensors == 0 and got.bytes_lost == 0
@@ -181,8 +196,10 @@ async def _blackholed(cert: DevCertificate, hop: str, seconds: float, budget: fl
 async def test_blackhole_shorter_than_the_budget(cert: DevCertificate,
                                                  scenario: ScenarioRecord, hop: str) -> None:
     """2 s of nothing on one hop mid-transfer: QUIC retransmits once the path is back,
-    the transfer completes without anybody doing anything."""
-    got, began, c, net, _ = await _blackholed(cert, hop, 2.0, budget=5.0)
+    the transfer completes without anybody doing anything (within a budget of 10 s
+    without progress: QUIC's probe timeouts back off during the blackhole, and on a
+    loaded machine 5 s was not always enough to resume)."""
+    got, began, c, net, _ = await _blackholed(cert, hop, 2.0, budget=10.0)
     try:
         scenario.record(got)
         assert got.complete and got.wrong_tensors == 0 and got.bytes_lost == 0
@@ -196,12 +213,13 @@ async def test_blackhole_shorter_than_the_budget(cert: DevCertificate,
 @pytest.mark.faults
 async def test_blackhole_longer_than_the_budget(cert: DevCertificate,
                                                 scenario: ScenarioRecord) -> None:
-    """4 s of nothing between consumer and relay with a 1 s budget: the consumer reports
+    """6 s of nothing between consumer and relay with a 2 s budget: the consumer reports
     the layers it did not get (at most a budget without progress plus a budget of
     recovery after the blackhole began); then both sides are still connected and the
-    same consumer endpoint retrieves the whole publication."""
-    budget = 1.0
-    got, began, c, net, data = await _blackholed(cert, "consumer_hop", 4.0, budget=budget)
+    same consumer endpoint retrieves the whole publication. (A 1 s budget with 4 s of
+    blackhole: at load 13 the retrieval went a second without progress before layer 1.)"""
+    budget = 2.0
+    got, began, c, net, data = await _blackholed(cert, "consumer_hop", 6.0, budget=budget)
     try:
         answered = got.seconds
         scenario.record(got)
@@ -210,7 +228,7 @@ async def test_blackhole_longer_than_the_budget(cert: DevCertificate,
         assert indexes(got.yielded) == list(range(n)) and n >= 2
         assert sorted(got.missing) == list(range(n, SMALL.layers))
         assert time.monotonic() - began < 2 * budget + 1.0, answered
-        await asyncio.sleep(max(0.0, began + 4.2 - time.monotonic()))  # the path is back
+        await asyncio.sleep(max(0.0, began + 6.2 - time.monotonic()))  # the path is back
         assert not c.consumer.is_closed and not c.publisher.is_closed
         again = (await consume(consumer(c.consumer, recompute_budget_s=5.0))).judge(data)
         assert again.complete and again.wrong_tensors == 0 and again.bytes_lost == 0

@@ -29,6 +29,7 @@ import pytest
 
 from kvcs.auth import Authorizer
 from kvcs.endpoint import Endpoint
+from kvcs.moqt import wire
 from kvcs.moqt.wire import (
     AuthToken,
     LocationFilter,
@@ -177,3 +178,39 @@ async def _flood(port: int, cafile: str) -> dict[str, int]:
 if __name__ == "__main__":  # the flooder process: PORT CAFILE, until SIGTERM
     os.nice(10)  # as a flooder on another host: the relay's process comes first
     print(json.dumps(asyncio.run(_flood(int(sys.argv[1]), sys.argv[2]))), flush=True)
+
+
+MOST_TOKENS = tuple(AuthToken(3, token_type=0, value=b"x" * 1000)
+                    for _ in range(wire.MAX_TOKENS))
+"""The most tokens a request may carry (16 of 1,000 bytes: wire.MAX_TOKEN_BYTES in all)."""
+
+
+async def test_stuffed_requests_are_decoded_no_faster_than_the_request_rate(
+        cert: DevCertificate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """150 SUBSCRIBEs carrying the most tokens a request may, sent at once on one session
+    to a relay handling 50 requests a second after a burst of 10: by any time t the relay
+    has decoded at most 10 + 50 x (t - the first send) of them (each session's requests
+    wait undecoded for its request rate), and it answers every one, its session open."""
+    decoded: list[float] = []
+    read = Subscribe._read.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, r: object) -> object:
+        decoded.append(time.monotonic())
+        return read(cls, r)
+    burst, rate, n = 10, 50, 150
+    async with LocalNet(cert) as net:
+        relay = await net.relay(request_rate=rate, request_burst=burst)
+        conn, h = await hostile_client(relay.port, str(net.cert.certfile), net.settings)
+        monkeypatch.setattr(Subscribe, "_read", classmethod(counted))
+        t0 = time.monotonic()
+        sids = [h.write(encode_message(Subscribe(2 * i, NS, b"t", Parameters(
+            auth_tokens=MOST_TOKENS))), end=True) for i in range(n)]
+        conn.flush()
+        while not all(s in h.ended for s in sids):
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            assert len(decoded) <= burst + rate * (now - t0), (len(decoded), now - t0)
+            assert now - t0 < 60, f"{sum(s in h.ended for s in sids)} of {n} answered"
+        assert len(decoded) == n
+        assert h.session.closed is None and not conn.is_closed
+        conn.close()

@@ -8,7 +8,8 @@ rewriting relay chained below it. One producer and one consumer LLM serve every 
   published prefix;
 * a tampered object and a withheld layer each end in exactly those blocks reported for
   recompute, and identical tokens;
-* a miss costs one lookup and no load.
+* a miss costs one lookup and no load;
+* a second hit of a publication reuses its checked manifest.
 
 Skipped only when vLLM is not installed (``make test`` installs it: the Makefile's vllm stamp).
 """
@@ -107,6 +108,8 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
             out["exact_own"] = await consumer.generate(exact, cache_salt="another-tenant")
             out["exact"] = await consumer.generate(exact)
             out["miss"] = await consumer.generate(prompt(200, PUBLISHED_BLOCKS * BLOCK + 40))
+            # the clean publication again: its manifest is known, its objects are verified
+            out["clean_again"] = await consumer.generate(prompts[0] + prompt(100, 30))
         finally:
             await asyncio.gather(producer.close(), consumer.close())
     out["events"] = read_events(tmp / "c.jsonl")
@@ -148,6 +151,16 @@ def test_other_cache_salt_gets_no_hit(run: dict[str, Any]) -> None:
     assert len(salted) == 4 and all(e["blocks"] == 0 for e in salted)
 
 
+def test_second_hit_reuses_the_checked_manifest(run: dict[str, Any]) -> None:
+    """A completed publication's manifest is read and checked once per decode worker; a
+    later hit of it fetches the layers at once and generates the same tokens."""
+    first, again = _loads(run)[0], _loads(run)[4]
+    assert not first["manifest_kept"] and again["manifest_kept"]
+    assert again["failed_blocks"] == []
+    assert run["clean_again"]["tokens"] == run["clean_own"]["tokens"]
+    assert run["clean_again"]["num_cached_tokens"] == PUBLISHED_BLOCKS * BLOCK
+
+
 def test_tampered_object_recomputed(run: dict[str, Any]) -> None:
     assert run["tampered"]["tokens"] == run["tampered_own"]["tokens"]
     assert _loads(run)[1]["failed_blocks"] == [TAMPERED[1]]
@@ -165,7 +178,7 @@ def test_miss_costs_one_lookup_and_no_load(run: dict[str, Any]) -> None:
     forward pass."""
     assert run["miss"]["num_cached_tokens"] == 0
     lookups = [e for e in run["events"] if e["event"] == "lookup"]
-    assert len(lookups) == 9
-    assert [e["round_trips"] for e in lookups] == [1] + [0] * 8  # the salted scope's first
-    assert lookups[-1]["blocks"] == 0
-    assert len(_loads(run)) == 4  # the hits only
+    assert len(lookups) == 10
+    assert [e["round_trips"] for e in lookups] == [1] + [0] * 9  # the salted scope's first
+    assert lookups[-2]["blocks"] == 0  # the miss (the last one is the clean prompt again)
+    assert len(_loads(run)) == 5  # the hits only

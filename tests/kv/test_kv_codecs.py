@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kvcs.kv import codecs
 from kvcs.kv.codecs import (
     CODECS,
+    block_decoder,
     codec_name,
     codec_value,
     decode_kv,
@@ -461,6 +462,47 @@ def test_batched_entry_points(codec):
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         decode_sections_into(codec, sections, out)
+
+
+@pytest.mark.parametrize("codec", ["raw", "q8", "zstd"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "big-endian"])
+def test_block_decoder_is_decode_sections_into_per_block(codec, layout, q8_impl):
+    """A block decoder writes what decode_sections_into writes, block by block, and
+    refuses what it refuses (the fast raw and q8 paths and the generic one)."""
+    layer = rand_block("bfloat16", shape=(12, 3, 16), seed=7)
+    sections = encode_sections(codec, layer, 4)
+    want = np.empty_like(layer)
+    decode_sections_into(codec, sections, want)
+    if layout == "strided":  # every other head of a wider buffer: not C-contiguous
+        out = np.zeros((12, 6, 16), dtype=layer.dtype)[:, ::2]
+    elif layout == "big-endian":  # float16: the generic path converts the byte order
+        layer = rand_block("float16", shape=(12, 3, 16), seed=7)
+        sections = encode_sections(codec, layer, 4)
+        want = np.empty_like(layer)
+        decode_sections_into(codec, sections, want)
+        out = np.zeros(layer.shape, dtype=layer.dtype.newbyteorder(">"))
+    else:
+        out = np.zeros_like(layer)
+    decode = block_decoder(codec, out, 4)
+    for i in (2, 0, 1):
+        decode(sections[i], i)
+    assert np.array_equal(out.astype(want.dtype).view(np.uint16), want.view(np.uint16))
+    with pytest.raises(CodecError):
+        decode(bytes(sections[0])[:-1], 0)
+    with pytest.raises(ValueError, match="blocks of 5"):
+        block_decoder(codec, out, 5)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        block_decoder(codec, out, 4)
+
+
+def test_block_decoder_refuses_q8_minus_128(q8_impl):
+    layer = rand_block("bfloat16", shape=(8, 3, 16), seed=8)
+    bad = bytearray(encode_sections("q8", layer, 4)[1])
+    bad[-1] = 0x80  # -128 as int8
+    decode = block_decoder("q8", np.empty_like(layer), 4)
+    with pytest.raises(CodecError, match="-128"):
+        decode(bytes(bad), 1)
 
 
 def test_q8_kernels_run_in_threads():

@@ -150,3 +150,22 @@ def test_busy_port_names_the_address_that_is_busy(tmp_path: Path,
             want = f"kvcs relay: error: cannot listen on {busy}: "
             assert len(lines) == 1 and lines[0].startswith(want), p.stderr
             assert "in use" in lines[0] and "('127.0.0.1'" not in lines[0]
+
+
+def test_congestion_control_flags(tmp_path: Path) -> None:
+    """``--congestion-control`` needs aioquic (one line, status 2 on qh3); the upstream
+    link may take its own library and controller."""
+    # a subprocess: --quic-backend sets this process's default library
+    p = run("relay", "--anonymous", "--listen", "127.0.0.1:0", "--quic-backend", "qh3",
+            "--congestion-control", "bbr", cwd=tmp_path)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and "needs the aioquic QUIC library" in err[0]
+    c = relay_config(build_parser().parse_args([
+        "relay", "--anonymous", "--quic-backend", "aioquic", "--congestion-control", "cubic",
+        "--upstream", "moqt://127.0.0.1:4443/", "--upstream-quic-backend", "aioquic",
+        "--upstream-congestion-control", "bbr"]))
+    assert (c.congestion_control, c.upstream_quic_backend, c.upstream_congestion_control) == (
+        "cubic", "aioquic", "bbr")
+    with pytest.raises(ConfigError, match="upstream-congestion-control"):
+        c.upstream_congestion_control = "vegas"
+        c.validate()

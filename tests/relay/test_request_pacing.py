@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kvcs.admission import RequestPacer
-from kvcs.transport.ratelimit import TokenBucket
+from kvcs.moqt.ratelimit import TokenBucket
 
 
 class Clock:

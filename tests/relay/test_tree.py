@@ -206,3 +206,23 @@ async def test_join_mid_layer_shares_the_upstream_subscription(env: Env) -> None
                    for o in got if o.status == ObjectStatus.NORMAL)
     assert _link(e2, "bytes_in", _up(e2)) == 2 * PER_GROUP * SIZE
     assert pub.server.bytes_sent == 2 * PER_GROUP * SIZE
+
+
+async def test_upstream_link_on_its_own_library_and_controller(env: Env) -> None:
+    """An edge whose upstream link runs aioquic with the ``bbr`` controller (a link across
+    sites) while its own clients use the net's library: a publication at the edge is
+    retrieved at the root over that link, every byte identical."""
+    root = await env.relay()
+    edge = await env.relay(upstream=root, upstream_quic_backend="aioquic",
+                           upstream_congestion_control="bbr")
+    assert (edge.upstream_settings.library, edge.upstream_settings.congestion_control) == (
+        "aioquic", "bbr")
+    assert edge.settings.library == env.settings.library
+    watch = await (await env.client(root)).subscribe_namespace(PREFIX)
+    pub = await env.client(edge)
+    await pub.announce(NS)
+    _publish(pub)
+    assert await watch.next(5) == (True, NS)
+    consumer = await env.client(root)
+    await asyncio.gather(*[_fetch(consumer, n) for n in NAMES])
+    assert _link(edge, "bytes_out", _up(edge)) == 3 * TRACK_BYTES

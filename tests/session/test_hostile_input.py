@@ -336,6 +336,7 @@ def test_publish_done_counting_streams_never_seen_ends_when_the_binding_stops_wa
     p.client.stop_waiting_for_streams(rid)
     (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
     assert done.request_id == rid and done.message.stream_count == 2
+    assert done.streams_missing == 2  # what they carried is unknown (a relay's copy)
     p.client.stop_waiting_for_streams(rid)  # again, or for a request long gone: nothing
     assert list(p.client.events()) == []
 
@@ -358,5 +359,5 @@ def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
     p.server.end_data_stream(data)
     p.pump()
     (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
-    assert done.request_id == rid
+    assert done.request_id == rid and done.streams_missing == 0
     assert p.client.stop_waiting_for_streams(rid) is False

@@ -525,3 +525,53 @@ def test_live_objects_behind_their_subgroup_stream_go_on_a_new_stream() -> None:
     streams = [o.stream_id for o in objs]
     assert len(set(streams)) == 2  # 0, 3, 4 on one; 1, 2, 5 on the next
     assert s.server.objects_sent == 6
+
+
+# ------------------------------------------------------------------- runs
+
+
+def test_a_run_goes_out_one_write_per_subgroup_stretch_in_order() -> None:
+    """A run of new objects (Track.extend: a relay's received run, a published layer) is
+    written as one write per stretch of one subgroup, in order; the subscriber's session
+    hands the objects of one request that come together out as a run (next_objects)."""
+    from kvcs.moqt.actions import SendStreamData
+
+    s = Served(track=Track(NS, b"t"))  # a relay's copy
+    rid = s.p.client.subscribe(NS, b"t")
+    s.run()
+    s.p.wire.clear()
+    s.track.extend([_obj(0, 0, 0), _obj(0, 1, 0), _obj(0, 2, 1), _obj(0, 3, 1),
+                    _obj(0, 4, 0), _obj(0, 5, 0)])
+    s.p.pump()
+    writes = [a for n, a in s.p.wire if n == "client" and isinstance(a, SendStreamData)]
+    headers = 2  # one subgroup stream each for subgroups 0 and 1
+    assert len(writes) == headers + 3
+    first = s.p.client.next_event()
+    assert isinstance(first, ev.ObjectReceived) and first.request_id == rid
+    run = [first, *s.p.client.next_objects(rid)]
+    assert [e.location for e in run] == [L(0, o) for o in range(6)]
+    assert [e.record.subgroup_id for e in run] == [0, 0, 1, 1, 0, 0]
+    assert s.p.client.next_objects(rid) == []
+
+
+def test_a_large_run_writes_one_joined_write_per_object() -> None:
+    """A run of JOIN_RUN_BELOW or more (a publisher's layer) is not joined into one
+    buffer: each object goes out as one write of its prefix and payload (writing the
+    payload by reference after its prefix cost the publisher more, docs/perf-profile.md)."""
+    from kvcs.moqt.actions import SendStreamData
+    from kvcs.moqt.datastreams import JOIN_RUN_BELOW
+
+    s = Served()
+    s.p.client.subscribe(NS, b"t")
+    s.run()
+    s.p.wire.clear()
+    payload = memoryview(bytes(32 * 1024))
+    n = JOIN_RUN_BELOW // len(payload) + 1
+    s.track.extend([CachedObject(0, o, 0, 10, 0, (), payload) for o in range(n)])
+    s.p.pump()
+    writes = [a for n_, a in s.p.wire if n_ == "client" and isinstance(a, SendStreamData)]
+    assert len(writes) == 1 + n  # the stream header, then one write per object
+    assert all(len(w.data) > len(payload) and bytes(w.data).endswith(bytes(payload))
+               for w in writes[1:])
+    objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
+    assert [o.location for o in objs] == [L(0, o) for o in range(n)]

@@ -17,12 +17,14 @@ import pytest
 
 from kvcs.admission import Admission
 from kvcs.auth import Authorizer
+from kvcs.moqt import events as ev
 from kvcs.moqt import wire
+from kvcs.moqt.actions import SendStreamData
 from kvcs.moqt.errors import ProtocolError, SessionCode
 from kvcs.moqt.wire.params import PARAM_SUBGROUP_FILTER
 
 from .pair import close_codes
-from .test_hostile_flood import NS, request_stream, server
+from .test_hostile_flood import NS, answers, request_stream, server, subscribe
 
 BUDGET_S = 1e-3
 """The issue's bound on what one stuffed request may cost the relay's CPU."""
@@ -105,3 +107,99 @@ def test_ranges_past_the_message_limit_are_skipped_and_make_the_filter_invalid()
     (rf,) = msg.params.range_filters
     assert rf.overflow and len(rf.ranges) == wire.MAX_RANGES and not rf.is_valid()
     assert cpu(lambda: wire.ControlStreamParser().feed(raw)) < BUDGET_S
+
+
+# -- requests paced before their bodies are decoded ----------------------------------------
+
+
+MOST_TOKENS = tuple(wire.AuthToken(3, token_type=0, value=b"x" * 1000)
+                    for _ in range(wire.MAX_TOKENS))
+"""The most a request may carry: 16 tokens (wire.MAX_TOKENS) of 1,000 bytes (16 KiB in
+all, wire.MAX_TOKEN_BYTES, counts their other fields too)."""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count SUBSCRIBE bodies decoded (whatever decodes them)."""
+    decoded: list[int] = []
+    read = wire.Subscribe._read.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, r: object) -> object:
+        decoded.append(1)
+        return read(cls, r)
+    monkeypatch.setattr(wire.Subscribe, "_read", classmethod(counted))
+    return decoded
+
+
+def test_a_flood_of_stuffed_requests_is_paced_before_any_body_is_decoded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 SUBSCRIBEs carrying the most tokens a request may (decoding one is the
+    most a request may cost), on 200 streams at once, to a session
+    decoding 8 a second after a burst of 4: 4 are decoded now, the others wait with their
+    bodies undecoded and unanswered, charged to the control budget, and then come 8 a
+    second, in order; a waiting request the peer resets is never decoded."""
+    decoded = counting_decodes(monkeypatch)
+    clock = Clock()
+    s = server(request_rate=8, request_burst=4, clock=clock)
+    for i in range(200):
+        s.stream_data(request_stream(i), subscribe(2 * i, auth_tokens=MOST_TOKENS), False)
+    assert len(decoded) == 4
+    events = list(s.events())
+    received = [e.request_id for e in events if isinstance(e, ev.RequestReceived)]
+    assert received == [0, 2, 4, 6]
+    (waiting,) = [e for e in events if isinstance(e, ev.RequestsWaiting)]
+    assert waiting.count == 1 and waiting.delay == 0.125
+    assert s.usage.waiting_requests == 196
+    assert s.usage.control_bytes > 196 * 16_000  # charged while waiting
+    assert not any(a.stream_id >= request_stream(4) for a in s.actions()
+                   if isinstance(a, SendStreamData))  # nothing answered yet
+    s.stream_reset(request_stream(5), 0)  # request 10 cancelled before its turn
+    s.resume_requests()  # no time passed: nothing more
+    assert len(decoded) == 4
+    for _ in range(8):  # one second, at the binding's RequestsWaiting delays
+        clock.now += 0.125
+        s.resume_requests()
+    assert len(decoded) == 12
+    events = list(s.events())
+    received = [e.request_id for e in events if isinstance(e, ev.RequestReceived)]
+    assert received == [8, 12, 14, 16, 18, 20, 22, 24]
+    assert [type(e) for e in events].count(ev.RequestsWaiting) == 9  # one per resume
+    clock.now += 100.0  # a long pause: at most a burst at once
+    s.resume_requests()
+    assert len(decoded) == 16
+    assert s.usage.waiting_requests == 200 - 17
+
+
+def test_without_a_request_rate_every_request_is_decoded_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded = counting_decodes(monkeypatch)
+    s = server()
+    for i in range(100):
+        s.stream_data(request_stream(i), subscribe(2 * i), False)
+    assert len(decoded) == 100 and s.usage.waiting_requests == 0
+
+
+def test_waiting_requests_over_the_control_budget_are_refused_undecoded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that keeps more requests waiting than ``max_control_bytes`` holds gets
+    EXCESSIVE_LOAD on each further one, none of them decoded; the session goes on, and
+    closing it gives back every byte charged."""
+    decoded = counting_decodes(monkeypatch)
+    s = server(request_rate=1, request_burst=1, clock=Clock(), max_control_bytes=300_000)
+    for i in range(20):
+        s.stream_data(request_stream(i), subscribe(2 * i, auth_tokens=MOST_TOKENS), False)
+    assert len(decoded) == 1
+    acts = s.actions()
+    refused = [i for i in range(20)
+               if [type(m) for m in answers(acts, request_stream(i))] == [wire.RequestError]]
+    assert refused and refused == list(range(20 - len(refused), 20))
+    assert s.closed is None and 0 < s.usage.waiting_requests < 19
+    s.close()
+    assert s.usage.control_bytes == 0 and s.usage.waiting_requests == 0

@@ -78,29 +78,31 @@ class ControlStreamParser:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
         """Add stream bytes; return every message completed by them, in order."""
+        return [decode_message(t, memoryview(body)) for t, body in self.frames(data)]
+
+    def frames(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
+        """Add stream bytes; return every message completed by them as (type, body),
+        undecoded (:func:`~kvcs.moqt.wire.messages.decode_message` decodes one)."""
         buf = self._buf
         buf += data
-        out: list[Message] = []
+        out: list[tuple[int, bytes]] = []
         p = 0
         n = len(buf)
-        try:
-            while p < n:
-                try:
-                    t, q = decode_vi64(buf, p)
-                except NeedMore:
-                    break
-                if q + 2 > n:
-                    break
-                ln = (buf[q] << 8) | buf[q + 1]
-                end = q + 2 + ln
-                if end > n:
-                    break
-                body = bytes(buf[q + 2 : end])
-                p = end
-                out.append(decode_message(t, memoryview(body)))
-        finally:
-            if p:
-                del buf[:p]
+        while p < n:
+            try:
+                t, q = decode_vi64(buf, p)
+            except NeedMore:
+                break
+            if q + 2 > n:
+                break
+            ln = (buf[q] << 8) | buf[q + 1]
+            end = q + 2 + ln
+            if end > n:
+                break
+            out.append((t, bytes(buf[q + 2 : end])))
+            p = end
+        if p:
+            del buf[:p]
         return out
 
 

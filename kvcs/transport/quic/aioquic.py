@@ -2,7 +2,9 @@
 
 kvcs reads aioquic's per-stream send state to park streams blocked by flow control
 (:class:`_AioquicSendView`), raises the peer stream limits that aioquic hard-codes (128)
-and lets :class:`~kvcs.transport.QuicSettings` pick the congestion controller. Those reads
+and lets :class:`~kvcs.transport.QuicSettings` pick the congestion controller: aioquic's
+``reno`` and ``cubic``, or kvcs's model-based ``bbr`` (:mod:`kvcs.transport.quic.bbr`,
+with its own pacer in place of aioquic's). Those reads
 use aioquic 1.x internals; :class:`AioquicAdapter` checks they exist when it is made and
 refuses an aioquic without them.
 """
@@ -25,7 +27,7 @@ from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation,
 from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from . import shared
+from . import bbr, shared
 from .base import (
     H3ConnectionAPI,
     NetworkAddress,
@@ -144,6 +146,9 @@ class AioquicAdapter:
             (stream, "is_blocked"), (stream, "max_stream_data_remote"),
             (stream.sender, "highest_offset"), (stream.sender, "_buffer_stop"),
             (stream.sender, "_reset_error_code"),
+            (QuicConnection(configuration=QuicConfiguration()), "_loss"),
+            (QuicConnection(configuration=QuicConfiguration())._loss, "_cc"),
+            (QuicConnection(configuration=QuicConfiguration())._loss, "_pacer"),
         ) if not hasattr(owner, name)]
         if missing:
             raise ImportError(f"aioquic {self.version} lacks {', '.join(missing)}, which "
@@ -167,6 +172,9 @@ class AioquicAdapter:
         for limit, value in ((quic._local_max_streams_uni, settings.max_streams_uni),
                              (quic._local_max_streams_bidi, settings.max_streams_bidi)):
             limit.value = limit.sent = value
+        control = quic._loss._cc
+        if isinstance(control, bbr.BbrCongestionControl):  # pace at the model's rate
+            quic._loss._pacer = bbr.BbrPacer(control, max_datagram_size=quic._max_datagram_size)
         return cast(QuicConnectionAPI, quic)
 
     def client_connection(self, configuration: QuicConfiguration,
