@@ -64,13 +64,23 @@ demo-synthetic: $(STAMP)
 # both libraries and their mix (tests/relay/test_backends.py) stay tested.
 NET_TESTS := tests/session tests/transport tests/relay tests/e2e
 
+# Both passes run on two pytest-xdist workers: many tests wait on the network or on child
+# processes, so a second worker fills the idle time (the first pass: 11.1 minutes at load
+# 8-13 against 23 serially at load 13-15; the serial suite took 11 minutes idle). --dist loadfile
+# keeps a module on one worker, so a module-scoped fixture starts once (the two vLLM
+# engines of tests/integrations/test_vllm.py: 25-50 s each); --dist loadgroup would be
+# finer but does not group under pytest 9.2 (pytest-xdist issue 1386). TEST_WORKERS=1
+# runs serially.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 # The long fault scenarios (marker faults) and the soak (marker slow) have targets of
 # their own; the fast fault scenarios run here.
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m ruff check kvcs tests examples bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m "not faults and not slow"
-	KVCS_QUIC_BACKEND=aioquic $(PY) -m pytest -q -m "not interop" $(NET_TESTS)
+	$(PY) -m pytest -q $(XDIST) -m "not faults and not slow"
+	KVCS_QUIC_BACKEND=aioquic $(PY) -m pytest -q $(XDIST) -m "not interop" $(NET_TESTS)
 
 # The contributor's loop: wire, sans-IO session, kv and layer tests (about 1,150 tests,
 # about 25 s of CPU on 2 cores); no QUIC session suites, no model.

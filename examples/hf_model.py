@@ -14,7 +14,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +69,26 @@ def prepare(directory: Path | None = None) -> Path:
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
     plain.load_state_dict(loaded.state_dict())
-    out.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    source = {"model": MODEL_ID, "package": f"{PACKAGE}=={PACKAGE_VERSION}", "file": GGUF_FILE,
-              "sha256": digest}
-    (out / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+    # built in a private directory renamed into place: processes preparing at once (parallel
+    # test workers) never see, nor write into, a half-written cache
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = {"model": MODEL_ID, "package": f"{PACKAGE}=={PACKAGE_VERSION}",
+                  "file": GGUF_FILE, "sha256": digest}
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n")
+        tmp.chmod(0o755)  # mkdtemp's 0700 otherwise
+        if out.exists() and not is_prepared(out):  # an incomplete cache of an older version
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process put a complete cache there first
+            if not is_prepared(out):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -382,7 +382,9 @@ class Role:
 
 
 def cpu_ns(pid: int) -> tuple[int, int, int]:
-    """(on-CPU ns from schedstat, user ticks, system ticks) of every thread of ``pid``."""
+    """(on-CPU ns of the event-loop thread, user ticks, system ticks of every thread) of
+    ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone (a worker
+    thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread."""
     with open(f"/proc/{pid}/schedstat") as f:
         ns = int(f.read().split()[0])
     with open(f"/proc/{pid}/stat") as f:
@@ -569,7 +571,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     for role, (ns, user, system) in cpu.items():
         cpu_ms = ns / 1e6
         procs[role] = {"cpu_ms": round(cpu_ms, 1), "ms_per_mib": round(cpu_ms / data_mib, 3),
-                       "user_ms": user * tick_ms, "sys_ms": system * tick_ms}
+                       "user_ms": user * tick_ms, "sys_ms": system * tick_ms,
+                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3)}
     summary = {"run": name, "topology": topology, "dgram": dgram, "profiler": profiler,
                "perf_args": perf_args.split(), "rounds": rounds, "tokens": tokens,
                "mib": round(data_mib, 1), "seconds": round(seconds, 3),
@@ -923,8 +926,10 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"== {s['run']}: {s['mib']} MiB in {s['seconds']} s = {s['mib_s']} MiB/s, "
           f"load {s['loadavg']}")
     for role, p in s["processes"].items():
-        print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB (user {p['user_ms']:.0f} ms, "
-              f"sys {p['sys_ms']:.0f} ms)")
+        every = p.get("all_threads_ms_per_mib")
+        print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB on the event-loop thread"
+              + (f", {every:.2f} every thread" if every is not None else "")
+              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms)")
     for kind in ("pyspy", "perf", "cprofile"):
         for role, r in report.get(kind, {}).items():
             print(f"-- {kind} {role}")

@@ -4,6 +4,7 @@ between them."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Generator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from kvcs.testing import LocalNet
 from kvcs.transport import INTERNET_DATAGRAM_SIZE, DevCertificate, QuicSettings
 
 from .impair import Impairment, ImpairmentProxy
-from .report import RECORDS, ScenarioRecord, format_table, write_json
+from .report import RECORDS, ROW_PROPERTY, ScenarioRecord
 
 INTERNET = QuicSettings(max_datagram_size=INTERNET_DATAGRAM_SIZE)
 """Settings of every peer of a :class:`FaultNet`: 1350-byte datagrams on loopback too."""
@@ -87,11 +88,6 @@ def pytest_runtest_makereport(item: pytest.Item,
     finished = report.when == "call" or (report.when == "setup" and not report.passed)
     if isinstance(record, ScenarioRecord) and finished:
         record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        # the row rides on the report to a pytest-xdist controller (tests/conftest.py)
+        report.user_properties.append((ROW_PROPERTY, asdict(record)))
     return report
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if RECORDS:
-        terminalreporter.write_sep("=", "fault scenarios")
-        terminalreporter.write_line(format_table(RECORDS))
-        write_json(RECORDS)

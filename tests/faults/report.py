@@ -51,6 +51,8 @@ class ScenarioRecord:
 
 
 RECORDS: list[ScenarioRecord] = []
+ROW_PROPERTY = "fault scenario"
+"""The user property of a test report carrying its row (from pytest-xdist workers)."""
 
 
 def format_table(records: list[ScenarioRecord]) -> str:
