@@ -394,16 +394,21 @@ class DataStreams:
         self._out.emit(SendStreamData(sid, writer.header_bytes()))
         return sid
 
+    @staticmethod
+    def _subgroup_writer(stream_id: int, s: _Outgoing) -> SubgroupWriter:
+        """The subgroup writer of an outgoing stream (SessionUsageError for a fetch stream)."""
+        if not isinstance(s.writer, SubgroupWriter):
+            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
+        return s.writer
+
     def write_object(self, stream_id: int, object_id: int, payload: bytes | memoryview,
                      status: int, properties: Properties | None, end: bool) -> bool:
         """Write one object on a subgroup stream; False if the stream is gone."""
         s = self._outgoing.get(stream_id)
         if s is None:
             return False
-        writer = s.writer
-        if not isinstance(writer, SubgroupWriter):
-            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
-        prefix = writer.object_prefix(object_id, len(payload), status, properties)
+        prefix = self._subgroup_writer(stream_id, s).object_prefix(
+            object_id, len(payload), status, properties)
         actions = self._out.actions  # the hot path: one append per object
         if payload:
             # one write of prefix + payload: the copy (~2 us for 32 KiB) costs less than
@@ -421,10 +426,7 @@ class DataStreams:
         s = self._outgoing.get(stream_id)
         if s is None:
             return False
-        writer = s.writer
-        if not isinstance(writer, SubgroupWriter):
-            raise SessionUsageError(f"stream {stream_id} is a fetch stream")
-        prefix = writer.object_prefix
+        prefix = self._subgroup_writer(stream_id, s).object_prefix
         actions = self._out.actions
         last = len(objs) - 1
         if sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:  # one write per object
