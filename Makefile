@@ -65,8 +65,9 @@ demo-synthetic: $(STAMP)
 NET_TESTS := tests/session tests/transport tests/relay tests/e2e
 
 # Both passes run on two pytest-xdist workers: many tests wait on the network or on child
-# processes, so a second worker fills the idle time (the first pass: 6.5 minutes at load 3-5,
-# 11.1 at load 8-13 against 23 serially at load 13-15; serially 6.8 idle). --dist loadfile
+# processes, so a second worker fills the idle time (the first pass: 4.0 minutes idle, 6.5
+# at load 3-5, 11.1 at load 8-13 against 23 serially at load 13-15 and 6.8 idle; the aioquic
+# pass 2.2 idle). --dist loadfile
 # keeps a module on one worker, so a module-scoped fixture starts once (the two vLLM
 # engines of tests/integrations/test_vllm.py: 25-50 s each); --dist loadgroup would be
 # finer but does not group under pytest 9.2 (pytest-xdist issue 1386). TEST_WORKERS=1
