@@ -269,11 +269,16 @@ class Relay:
         """The upstream session was lost: open a new one (jittered backoff, attempts at
         INFO) and watch every prefix watched here again; requests meanwhile are answered
         from the cache (or DOES_NOT_EXIST), and consumers resume by themselves."""
-        await UPSTREAM_BACKOFF.retry(lambda _n: self._connect_upstream(),
+        async def attempt(_n: int) -> None:
+            if not self.going_away:  # a stopping relay opens no new upstream session
+                await self._connect_upstream()
+
+        await UPSTREAM_BACKOFF.retry(attempt,
                                      what="reconnecting upstream "
                                           + " or ".join(self.config.upstreams()),
                                      retry_on=(ConnectionError, OSError, TimeoutError))
-        self.metrics.inc("kvcs_relay_upstream_reconnects_total")
+        if not self.going_away:
+            self.metrics.inc("kvcs_relay_upstream_reconnects_total")
 
     def not_ready(self) -> str | None:
         """Why the relay cannot take sessions now (None: it can): ``/readyz``."""
@@ -299,9 +304,13 @@ class Relay:
         for link in self.links.all():
             self.links.cancel(link)
         if self._reconnecting is not None:
+            # Python 3.11's asyncio.wait_for can lose a cancel that races its inner
+            # future (gh-86296): the retry loop then went on against an upstream already
+            # gone, and stop() waited forever (make test hung once in ~300 runs). The
+            # loop's next attempt sees going_away and ends; the wait is bounded anyway.
             self._reconnecting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reconnecting
+            await asyncio.wait({self._reconnecting}, timeout=self.config.upstream_timeout
+                               + UPSTREAM_BACKOFF.maximum)
         up = self.upstream
         if up is not None and not up.is_closed:
             up.close()
