@@ -318,6 +318,15 @@ class MoqtConnection:
         self._lib.receive_datagrams(self._quic, datagrams, addr, now)
         self._process_events()
 
+    def segments_received(self, buffer: bytes, segment_size: int,
+                          addr: NetworkAddress) -> None:
+        """:meta private: as :meth:`datagrams_received`, for a GRO buffer (datagrams of
+        ``segment_size`` bytes back to back)."""
+        now = self._loop.time()
+        self._heard_at = now
+        self._lib.receive_segments(self._quic, buffer, segment_size, addr, now)
+        self._process_events()
+
     def receive_done(self) -> None:
         """:meta private: the client socket was read: transmit once."""
         self.transmit()
