@@ -4,10 +4,11 @@ One UDP socket accepts raw QUIC (ALPN ``moqt-22``) and HTTP/3 WebTransport (ALPN
 extended CONNECT offering ``moqt-22``) MOQT sessions. :class:`_Listener` routes datagrams
 to connections by destination connection ID, as the QUIC libraries' own servers do; the
 socket (:class:`~kvcs.transport.udp.UdpSocket`) reads every queued datagram per
-readiness event, then each connection that received any transmits once. Each connection
-gets the datagram size of its peer's address (:meth:`QuicSettings.datagram_size_for
-<kvcs.transport.QuicSettings.datagram_size_for>`): loopback clients the library's largest,
-others what fits the internet, unless the settings fix one size for all.
+readiness event, then each connection that received any handles its events and
+transmits once. Each connection gets the datagram size of its peer's address
+(:meth:`QuicSettings.datagram_size_for <kvcs.transport.QuicSettings.datagram_size_for>`):
+loopback clients the library's largest, others what fits the internet, unless the
+settings fix one size for all.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class _Listener:
     def receive_done(self) -> None:
         pending, self._pending = self._pending, {}
         for conn in pending:
-            conn.transmit()
+            conn.receive_done()
 
     def _feed(self, conn: MoqtConnection, datagrams: list[bytes], addr: NetworkAddress) -> None:
         conn.datagrams_received(datagrams, addr)
