@@ -381,15 +381,17 @@ class Role:
         self._stderr.close()
 
 
-def cpu_ns(pid: int) -> tuple[int, int, int]:
-    """(on-CPU ns of the event-loop thread, user ticks, system ticks of every thread) of
-    ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone (a worker
-    thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread."""
+def cpu_ns(pid: int) -> tuple[int, int, int, int]:
+    """(on-CPU ns of the event-loop thread, user ticks, system ticks, minor page faults of
+    every thread) of ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone
+    (a worker thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread.
+    Page faults do not depend on the machine's load as CPU time does (each costs ~1-2 us
+    on the development VM)."""
     with open(f"/proc/{pid}/schedstat") as f:
         ns = int(f.read().split()[0])
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return ns, int(fields[11]), int(fields[12])
+    return ns, int(fields[11]), int(fields[12]), int(fields[7])
 
 
 def loadavg() -> float:
@@ -492,8 +494,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     def snapshot(sign: int) -> None:
         for r in roles.values():
             now = cpu_ns(r.pid)
-            acc = cpu.setdefault(r.name, [0, 0, 0])
-            for i in range(3):
+            acc = cpu.setdefault(r.name, [0, 0, 0, 0])
+            for i in range(4):
                 acc[i] += sign * now[i]
 
     try:
@@ -568,11 +570,12 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     data_mib = data_bytes / MiB
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     procs = {}
-    for role, (ns, user, system) in cpu.items():
+    for role, (ns, user, system, minflt) in cpu.items():
         cpu_ms = ns / 1e6
         procs[role] = {"cpu_ms": round(cpu_ms, 1), "ms_per_mib": round(cpu_ms / data_mib, 3),
                        "user_ms": user * tick_ms, "sys_ms": system * tick_ms,
-                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3)}
+                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3),
+                       "page_faults_per_mib": round(minflt / data_mib, 1)}
     summary = {"run": name, "topology": topology, "dgram": dgram, "profiler": profiler,
                "perf_args": perf_args.split(), "rounds": rounds, "tokens": tokens,
                "mib": round(data_mib, 1), "seconds": round(seconds, 3),
@@ -929,7 +932,9 @@ def print_report(report: dict[str, Any]) -> None:
         every = p.get("all_threads_ms_per_mib")
         print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB on the event-loop thread"
               + (f", {every:.2f} every thread" if every is not None else "")
-              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms)")
+              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms"
+              + (f", {p['page_faults_per_mib']:.0f} page faults per MiB)"
+                 if "page_faults_per_mib" in p else ")"))
     for kind in ("pyspy", "perf", "cprofile"):
         for role, r in report.get(kind, {}).items():
             print(f"-- {kind} {role}")
