@@ -64,6 +64,7 @@ from .vllm_support import (
     Match,
     PagedLayout,
     Settings,
+    StagingPool,
     background_loop,
     descriptor_from_vllm,
     log,
@@ -131,8 +132,14 @@ class _Load:
     """One request's retrieval: layers arrive on the background loop, the forward pass
     (another thread) waits for each."""
 
-    def __init__(self, spec: LoadSpec, layers: int) -> None:
+    def __init__(self, spec: LoadSpec, layers: int, pool: StagingPool,
+                 block_tokens: int) -> None:
         self.spec = spec
+        self._pool = pool
+        self.staging = pool.take(spec.end * block_tokens)
+        """Where the retrieval assembles the layers (:attr:`data` holds views of it)."""
+        self._users = 2  # the retrieval and the forward pass
+        self._users_lock = threading.Lock()
         self.arrived = [threading.Event() for _ in range(layers)]
         self.data: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.missing: dict[int, set[int]] = {}
@@ -148,6 +155,15 @@ class _Load:
         self.writing = 0.0
         self.manifest_kept = False
         """The publication's manifest was known from an earlier load (not read again)."""
+
+    def release(self) -> None:
+        """The retrieval or the forward pass is done with :attr:`staging`: after both,
+        the arrays go back to the pool."""
+        with self._users_lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._pool.give(self.staging)
 
     def fail_rest(self, blocks: range, reason: str, partial: dict[int, Any] | None = None,
                   missing: dict[int, list[int]] | None = None) -> None:
@@ -212,6 +228,7 @@ class KvcsConnector(KVConnectorBase_V1):
         self._loaded_blocks: dict[str, int] = {}
         # worker side
         self._layout = PagedLayout(self.descriptor)
+        self._staging = StagingPool(self.descriptor)
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._layer_index: dict[str, int] = {}
         self._loads: list[_Load] = []
@@ -364,7 +381,7 @@ class KvcsConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvcsConnectorMetadata)
         for spec in meta.loads:
-            load = _Load(spec, self.layers)
+            load = _Load(spec, self.layers, self._staging, self.block_size)
             load.future = self.bg.submit(self._retrieve(load))
             self._loads.append(load)
 
@@ -395,7 +412,8 @@ class KvcsConnector(KVConnectorBase_V1):
                 # against it, and every object against its digests)
                 known = self._manifests.get(spec.fields)
                 load.manifest_kept = known is not None
-                layers = consumer.prefix_layers(pub, blocks=spec.end, manifest=known)
+                layers = consumer.prefix_layers(pub, blocks=spec.end, manifest=known,
+                                                into=load.staging)
                 async with contextlib.aclosing(layers) as it:  # type: ignore[type-var]
                     async for layer in it:
                         load.data[layer.index] = (layer.k, layer.v)
@@ -415,6 +433,7 @@ class KvcsConnector(KVConnectorBase_V1):
             load.fail_rest(blocks, "retrieval ended")  # no-op once every layer arrived
             if load.error == "retrieval ended":
                 load.error = None
+            load.release()
 
     def _keep_manifest(self, fields: tuple[bytes, ...], manifest: Manifest | None) -> None:
         if manifest is None or not all(seg.complete for seg in manifest.segments):
@@ -472,6 +491,8 @@ class KvcsConnector(KVConnectorBase_V1):
             failed = sorted({b for i in range(self.layers) for b in load.missing.get(i, ())})
             if load.future is not None and not load.future.done():
                 load.future.cancel()
+            load.data.clear()  # views of the staging arrays
+            load.release()
             self.events.write("load", req=spec.req_id, blocks=spec.end - spec.first,
                               first=spec.first, failed_blocks=failed,
                               failed_block_ids=sorted(spec.block_ids[b] for b in failed),
