@@ -228,6 +228,14 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
         async for _ in warm.layers(wpub):
             pass
     held: list[Any] = []
+    into = None
+    if cfg.get("into"):  # written once: their pages are faulted in before the transfer
+        import numpy as np
+
+        d = _desc()
+        rows = cfg["tokens"]
+        into = [(np.ones((rows, *d.k_shape()[1:]), d.dtype),
+                 np.ones((rows, *d.v_shape()[1:]), d.dtype)) for _ in range(d.layers)]
     for r in range(cfg["rounds"]):
         c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r),
                        codec=cfg.get("codec", "raw"))
@@ -245,7 +253,7 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
 
         async def take(c: Any = c, pub: Any = pub, manifest: Any = manifest,
                        got: list[Any] = got) -> None:
-            async for layer in c.layers(pub, manifest=manifest):
+            async for layer in c.layers(pub, manifest=manifest, into=into):
                 got.append(layer)
 
         task = asyncio.create_task(take())
@@ -254,7 +262,8 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
             ctl.say(subscribed=True)
         await task
         end = time.perf_counter()
-        held += got
+        if into is None:
+            held += got
         ctl.say(done=True, seconds=end - start, end=end,
                 data_bytes=sum(x.k.nbytes + x.v.nbytes for x in got),
                 objects=c.stats.objects - objects, rejected=c.stats.rejected - rejected,
@@ -457,12 +466,14 @@ subgroup stream per layer and component); ``--mib`` sets how many publications (
 def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         rate: int, tag: str = "", perf_args: str = "", stream_mib: int = 0,
         tokens: int = TOKENS, quic: dict[str, Any] | None = None,
-        codec: str = "raw") -> dict[str, Any]:
+        codec: str = "raw", into: bool = False) -> dict[str, Any]:
     """Run one topology once with ``profiler`` on every process; return the summary.
 
     KV topologies move ``mib`` MiB as consecutive publications of ``tokens`` tokens; the
     CPU time of each process is summed over the transfer windows only (from the first
-    layer or request to the consumer's last verified layer)."""
+    layer or request to the consumer's last verified layer). ``into``: the consumer
+    assembles every round into the same arrays (``KvConsumer.layers(into=...)``, a decode
+    worker's reused cache) instead of holding new ones."""
     name = f"{topology}-{dgram}-{profiler}{tag}"
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
@@ -475,7 +486,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     cert = ensure_dev_certificate(tmp)
     base: dict[str, Any] = {"dgram": dgram, "tmp": tmp, "tokens": tokens, "warm": True,
                             "rounds": rounds, "cert": str(cert.certfile),
-                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec}
+                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec,
+                            "into": into}
 
     def cfg(role: str, **extra: Any) -> dict[str, Any]:
         c = dict(base, **extra)
@@ -1079,6 +1091,8 @@ def main(argv: list[str]) -> int:
     r.add_argument("--tag", default="", help="suffix of the run directory name")
     r.add_argument("--perf-args", default="", help="extra perf record options")
     r.add_argument("--codec", default="raw", help="codec of the k/v tracks (raw, q8)")
+    r.add_argument("--into", action="store_true",
+                   help="the consumer assembles into reused arrays (KvConsumer.layers(into=))")
     r.add_argument("--stream-mib", type=int, default=0,
                    help="raw: a new stream every N MiB (default: one stream)")
     a = sub.add_parser("analyze", help="tables of a run directory (also written as JSON)")
@@ -1104,7 +1118,7 @@ def main(argv: list[str]) -> int:
         summary = run(args.topology, args.dgram, args.profiler, args.mib, Path(args.out),
                       args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens,
                       {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)},
-                      args.codec)
+                      args.codec, args.into)
         run_dir = Path(args.out) / summary["run"]
         print_report(analyze(run_dir) if args.profiler != "none" else {"summary": summary})
     elif args.cmd == "tables":
