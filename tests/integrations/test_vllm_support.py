@@ -17,6 +17,7 @@ from kvcs.integrations.vllm_support import (
     ConnectorConfigError,
     PagedLayout,
     Settings,
+    StagingPool,
     descriptor_from_vllm,
     scope_for_salt,
 )
@@ -103,6 +104,31 @@ def test_cache_salts_name_distinct_scopes() -> None:
     a, b = scope_for_salt(base, "tenant-a"), scope_for_salt(base, "tenant-b")
     assert len({scope_id(base), scope_id(a), scope_id(b)}) == 3
     assert scope_for_salt(base, "tenant-a") == a
+
+
+def test_staging_pool_reuses_the_arrays_of_finished_loads() -> None:
+    desc = descriptor_from_vllm(_config(Path("/nonexistent"), revision="r"))
+    pool = StagingPool(desc, keep=1)
+    a = pool.take(64)
+    assert len(a) == desc.layers and a[0][0].shape == (64, 2, 64)
+    assert a[0][0].dtype == desc.dtype and a[0][1].shape == (64, 2, 64)
+    assert pool.take(64) is not a  # in use: a new set
+    pool.give(a)
+    assert pool.take(96) is not a  # too small
+    assert pool.take(32) is a  # the idle set fits (its first rows are used)
+    b = pool.take(128)
+    pool.give(a)
+    pool.give(b)  # one idle set kept: the largest
+    assert pool.take(32) is b
+    assert pool.take(32) is not a
+    pool.give(a)
+    pool.give(b)
+    pool = StagingPool(desc, keep=3)
+    c = pool.take(96)
+    for arrays in (a, b, c):
+        pool.give(arrays)
+    assert pool.take(80) is c  # the smallest that fits
+    assert pool.take(80) is b
 
 
 def test_paged_layout_round_trip() -> None:
