@@ -89,9 +89,10 @@ class OriginPublisher:
                 subgroup_id: int = 0, properties: Properties = ()) -> None:
         """Add one object to a local track (a run of one: :meth:`publish_run`); live
         subscribers get it at once."""
-        self.publish_run(track, (object_record(
-            track, group_id, object_id, payload, status=status, priority=priority,
-            subgroup_id=subgroup_id, properties=properties),))
+        self.publish_run(track, (CachedObject(  # object_record's, one call fewer
+            group_id, object_id, subgroup_id,
+            track.default_priority if priority is None else priority, status,
+            tuple(properties), payload),))
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects to a local track in order (see :meth:`Track.extend

@@ -228,6 +228,14 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
         async for _ in warm.layers(wpub):
             pass
     held: list[Any] = []
+    into = None
+    if cfg.get("into"):  # written once: their pages are faulted in before the transfer
+        import numpy as np
+
+        d = _desc()
+        rows = cfg["tokens"]
+        into = [(np.ones((rows, *d.k_shape()[1:]), d.dtype),
+                 np.ones((rows, *d.v_shape()[1:]), d.dtype)) for _ in range(d.layers)]
     for r in range(cfg["rounds"]):
         c = KvConsumer(ep, scope, _desc(), _tokens(cfg["tokens"], round_=r),
                        codec=cfg.get("codec", "raw"))
@@ -245,7 +253,7 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
 
         async def take(c: Any = c, pub: Any = pub, manifest: Any = manifest,
                        got: list[Any] = got) -> None:
-            async for layer in c.layers(pub, manifest=manifest):
+            async for layer in c.layers(pub, manifest=manifest, into=into):
                 got.append(layer)
 
         task = asyncio.create_task(take())
@@ -254,7 +262,8 @@ async def _role_consumer(ctl: _Control, cfg: dict[str, Any]) -> None:
             ctl.say(subscribed=True)
         await task
         end = time.perf_counter()
-        held += got
+        if into is None:
+            held += got
         ctl.say(done=True, seconds=end - start, end=end,
                 data_bytes=sum(x.k.nbytes + x.v.nbytes for x in got),
                 objects=c.stats.objects - objects, rejected=c.stats.rejected - rejected,
@@ -381,15 +390,17 @@ class Role:
         self._stderr.close()
 
 
-def cpu_ns(pid: int) -> tuple[int, int, int]:
-    """(on-CPU ns of the event-loop thread, user ticks, system ticks of every thread) of
-    ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone (a worker
-    thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread."""
+def cpu_ns(pid: int) -> tuple[int, int, int, int]:
+    """(on-CPU ns of the event-loop thread, user ticks, system ticks, minor page faults of
+    every thread) of ``pid``: ``/proc/<pid>/schedstat`` is the thread-group leader's alone
+    (a worker thread's SHA-256 is not in it), ``/proc/<pid>/stat`` counts every thread.
+    Page faults do not depend on the machine's load as CPU time does (each costs ~1-2 us
+    on the development VM)."""
     with open(f"/proc/{pid}/schedstat") as f:
         ns = int(f.read().split()[0])
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return ns, int(fields[11]), int(fields[12])
+    return ns, int(fields[11]), int(fields[12]), int(fields[7])
 
 
 def loadavg() -> float:
@@ -455,12 +466,14 @@ subgroup stream per layer and component); ``--mib`` sets how many publications (
 def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
         rate: int, tag: str = "", perf_args: str = "", stream_mib: int = 0,
         tokens: int = TOKENS, quic: dict[str, Any] | None = None,
-        codec: str = "raw") -> dict[str, Any]:
+        codec: str = "raw", into: bool = False) -> dict[str, Any]:
     """Run one topology once with ``profiler`` on every process; return the summary.
 
     KV topologies move ``mib`` MiB as consecutive publications of ``tokens`` tokens; the
     CPU time of each process is summed over the transfer windows only (from the first
-    layer or request to the consumer's last verified layer)."""
+    layer or request to the consumer's last verified layer). ``into``: the consumer
+    assembles every round into the same arrays (``KvConsumer.layers(into=...)``, a decode
+    worker's reused cache) instead of holding new ones."""
     name = f"{topology}-{dgram}-{profiler}{tag}"
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
@@ -473,7 +486,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     cert = ensure_dev_certificate(tmp)
     base: dict[str, Any] = {"dgram": dgram, "tmp": tmp, "tokens": tokens, "warm": True,
                             "rounds": rounds, "cert": str(cert.certfile),
-                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec}
+                            "key": str(cert.keyfile), "quic": quic or {}, "codec": codec,
+                            "into": into}
 
     def cfg(role: str, **extra: Any) -> dict[str, Any]:
         c = dict(base, **extra)
@@ -492,8 +506,8 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     def snapshot(sign: int) -> None:
         for r in roles.values():
             now = cpu_ns(r.pid)
-            acc = cpu.setdefault(r.name, [0, 0, 0])
-            for i in range(3):
+            acc = cpu.setdefault(r.name, [0, 0, 0, 0])
+            for i in range(4):
                 acc[i] += sign * now[i]
 
     try:
@@ -568,11 +582,12 @@ def run(topology: str, dgram: int, profiler: str, mib: int, out_root: Path,
     data_mib = data_bytes / MiB
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     procs = {}
-    for role, (ns, user, system) in cpu.items():
+    for role, (ns, user, system, minflt) in cpu.items():
         cpu_ms = ns / 1e6
         procs[role] = {"cpu_ms": round(cpu_ms, 1), "ms_per_mib": round(cpu_ms / data_mib, 3),
                        "user_ms": user * tick_ms, "sys_ms": system * tick_ms,
-                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3)}
+                       "all_threads_ms_per_mib": round((user + system) * tick_ms / data_mib, 3),
+                       "page_faults_per_mib": round(minflt / data_mib, 1)}
     summary = {"run": name, "topology": topology, "dgram": dgram, "profiler": profiler,
                "perf_args": perf_args.split(), "rounds": rounds, "tokens": tokens,
                "mib": round(data_mib, 1), "seconds": round(seconds, 3),
@@ -929,7 +944,9 @@ def print_report(report: dict[str, Any]) -> None:
         every = p.get("all_threads_ms_per_mib")
         print(f"   {role:12s} {p['ms_per_mib']:7.2f} ms/MiB on the event-loop thread"
               + (f", {every:.2f} every thread" if every is not None else "")
-              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms)")
+              + f" (user {p['user_ms']:.0f} ms, sys {p['sys_ms']:.0f} ms"
+              + (f", {p['page_faults_per_mib']:.0f} page faults per MiB)"
+                 if "page_faults_per_mib" in p else ")"))
     for kind in ("pyspy", "perf", "cprofile"):
         for role, r in report.get(kind, {}).items():
             print(f"-- {kind} {role}")
@@ -1074,6 +1091,8 @@ def main(argv: list[str]) -> int:
     r.add_argument("--tag", default="", help="suffix of the run directory name")
     r.add_argument("--perf-args", default="", help="extra perf record options")
     r.add_argument("--codec", default="raw", help="codec of the k/v tracks (raw, q8)")
+    r.add_argument("--into", action="store_true",
+                   help="the consumer assembles into reused arrays (KvConsumer.layers(into=))")
     r.add_argument("--stream-mib", type=int, default=0,
                    help="raw: a new stream every N MiB (default: one stream)")
     a = sub.add_parser("analyze", help="tables of a run directory (also written as JSON)")
@@ -1099,7 +1118,7 @@ def main(argv: list[str]) -> int:
         summary = run(args.topology, args.dgram, args.profiler, args.mib, Path(args.out),
                       args.rate, args.tag, args.perf_args, args.stream_mib, args.tokens,
                       {k: json.loads(v) for k, v in (q.split("=", 1) for q in args.quic)},
-                      args.codec)
+                      args.codec, args.into)
         run_dir = Path(args.out) / summary["run"]
         print_report(analyze(run_dir) if args.profiler != "none" else {"summary": summary})
     elif args.cmd == "tables":

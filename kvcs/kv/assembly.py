@@ -57,7 +57,7 @@ from .errors import ContainerError, ManifestError, VerificationError
 from .ids import CompatDescriptor
 from .manifest import Manifest, Segment
 from .payload import verify_payload
-from .prefault import prefault
+from .prefault import empty as new_array
 from .secure import SecureObjects, UnknownKeyIdError, open_object
 from .secure_wire import IN_BAND_MAGIC
 from .tracks import TrackName
@@ -209,10 +209,9 @@ class _LayerBuffer:
         """A layer with nothing placed, in ``arrays`` (checked) or new arrays."""
         rows = blocks * desc.block_tokens
         if arrays is None:
-            k = np.empty((rows, *desc.k_shape()[1:]), dtype=desc.dtype)
-            v = np.empty((rows, *desc.v_shape()[1:]), dtype=desc.dtype)
-            prefault(k)  # every row is written: fault the pages in at once
-            prefault(v)
+            # every row is written: the pages faulted in at once
+            k = new_array((rows, *desc.k_shape()[1:]), desc.dtype)
+            v = new_array((rows, *desc.v_shape()[1:]), desc.dtype)
         else:
             k, v = check_layer_arrays(desc, rows, arrays)
         return cls(k, v, bytearray(blocks), bytearray(blocks))

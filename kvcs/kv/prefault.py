@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["prefault"]
+__all__ = ["empty", "prefault"]
 
 MADV_POPULATE_WRITE = 23
 """Linux's madvise advice (include/uapi/asm-generic/mman-common.h)."""
@@ -58,3 +58,11 @@ def prefault(arr: np.ndarray) -> None:
     end = -(-(arr.ctypes.data + arr.nbytes) // page) * page
     if fn(start, end - start, MADV_POPULATE_WRITE) != 0:
         _usable = False
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """``np.empty(shape, dtype)`` about to be written whole: its pages faulted in at once
+    (:func:`prefault`)."""
+    arr = np.empty(shape, dtype)
+    prefault(arr)
+    return arr

@@ -429,7 +429,8 @@ class DataStreams:
         prefix = self._subgroup_writer(stream_id, s).object_prefix
         actions = self._out.actions
         last = len(objs) - 1
-        if sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:  # one write per object
+        if not last or sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:
+            # one write per object (a run of one: a producer's single publish)
             for i, o in enumerate(objs):
                 payload = o.payload
                 head = prefix(o.object_id, len(payload), o.status, o.properties)

@@ -45,6 +45,9 @@ from .wire import (
 )
 from .wire.params import LF_ABSOLUTE_RANGE, LF_NEXT_OBJECT
 
+_NORMAL, _END_OF_TRACK = int(ObjectStatus.NORMAL), int(ObjectStatus.END_OF_TRACK)
+"""Module constants: an Enum attribute costs a lookup on the per-object path."""
+
 __all__ = ["CURSOR_COST", "FilterError", "TrackServer", "check_range_filters",
            "passes_range_filters"]
 
@@ -504,16 +507,19 @@ class TrackServer:
                     self.fail_fetch(rid)
             return
         # any change can unblock cursors (and complete a cached track's live range)
+        ended = track.end_of_track is not None
         for sub in subs:
-            if not sub.ended and track.end_of_track is not None:
+            if not sub.ended and ended:
                 self._track_ended(sub)
             for cur in sub.cursors:
                 if not cur.done:
                     self._pump(cur)
-            self._maybe_done(sub)
-        for cur in list(self._fetches.values()):
-            if cur.track is track and not cur.done:
-                self._pump(cur)
+            if sub.ended and not sub.done:
+                self._maybe_done(sub)
+        if self._fetches:
+            for cur in list(self._fetches.values()):
+                if cur.track is track and not cur.done:
+                    self._pump(cur)
 
     def _forward(self, sub: _Subscription, objs: Sequence[CachedObject]) -> None:
         """Write a run of new objects to a live subscription: each stretch of consecutive
@@ -530,14 +536,19 @@ class TrackServer:
             self.end_subscription(sub.request_id, PublishDoneCode.TOO_FAR_BEHIND,
                                   "subscriber too far behind")
             return
-        start, end, filters = sub.start, sub.end, sub.filters
+        # the Locations compared as ints: obj.location builds a tuple (~0.3 us) per object
+        start_g, start_o = sub.start
+        end_g, end_o = sub.end if sub.end is not None else (-1, -1)
+        filters = sub.filters
         stretch: list[CachedObject] = []
         key = (-1, -1)
         for obj in objs:
-            loc = obj.location
-            if loc < start or (end is not None and loc > end):
+            g = obj.group_id
+            if g <= start_g and (g < start_g or obj.object_id < start_o):
                 continue
-            normal = obj.status == ObjectStatus.NORMAL
+            if end_g >= 0 and g >= end_g and (g > end_g or obj.object_id > end_o):
+                continue
+            normal = obj.status == _NORMAL
             if normal and filters and not passes_range_filters(obj, filters):
                 continue
             k = (obj.group_id, obj.subgroup_id)
@@ -580,16 +591,19 @@ class TrackServer:
             sid = s.open_subgroup(sub.request_id, first.group_id, first.subgroup_id, prio,
                                   default_priority=default, has_properties=True)
             sub.streams[key] = sid
-        end = last.status != ObjectStatus.NORMAL
+        status = last.status
+        end = status != _NORMAL
         s.write_objects(sid, objs, end=end)
         self.objects_sent += len(objs)
-        self.bytes_sent += sum([len(o.payload) for o in objs])
-        sub.last_ids[key] = last.object_id
+        self.bytes_sent += len(first.payload) if len(objs) == 1 else sum(
+            [len(o.payload) for o in objs])
         if end:
             sub.streams.pop(key, None)
             sub.last_ids.pop(key, None)
-        if last.status == ObjectStatus.END_OF_TRACK:
-            self._track_ended(sub)
+            if status == _END_OF_TRACK:
+                self._track_ended(sub)
+        else:
+            sub.last_ids[key] = last.object_id
 
     @staticmethod
     def _live_complete(sub: _Subscription) -> bool:
