@@ -23,7 +23,9 @@ SUBSCRIBE_NAMESPACE per scope; opening it is the one round trip of a scope's fir
 within the recompute budget and answers with the longest published block-aligned prefix;
 ``start_load_kv`` starts the verified retrieval of every layer, whose transfer thread
 writes each layer's verified blocks into the request's paged blocks as they arrive;
-``wait_for_layer_load`` waits for that layer only.
+``wait_for_layer_load`` waits for that layer only (on a CPU host whose forward pass shares
+its cores with the transfer thread, the first call waits for every layer: the two only
+slow each other down there).
 Blocks that fail verification or miss the budget are returned by
 ``get_block_ids_with_load_errors``; with ``kv_load_failure_policy="recompute"`` vLLM
 recomputes from the first of them.
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import threading
 import time
@@ -212,8 +215,9 @@ class KvcsConnector(KVConnectorBase_V1):
         self.is_producer = bool(tc.is_kv_producer)
         self.is_consumer = bool(tc.is_kv_consumer)
         self.bg = background_loop()
-        if (cores := _transfer_cores()):
-            self.bg.pin(cores)
+        self._transfer_cpus = _transfer_cores()
+        if self._transfer_cpus:
+            self.bg.pin(self._transfer_cpus)
         self.relays = relays_for(self.settings)
         self.events = EventLog(self.settings.events)
         self.secure = self.settings.secure()
@@ -233,6 +237,9 @@ class KvcsConnector(KVConnectorBase_V1):
         self._staging = StagingPool(self.descriptor)
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._kv_by_index: dict[int, torch.Tensor] = {}
+        self._whole_load_first = False
+        """The forward pass waits for every layer of a load before its first layer (it
+        shares its cores with the transfer: :func:`_shares_transfer_cores`)."""
         self._layer_index: dict[str, int] = {}
         self._loads: list[_Load] = []
         self._saves: dict[str, _Save] = {}
@@ -368,6 +375,11 @@ class KvcsConnector(KVConnectorBase_V1):
         self._kv_caches = dict(kv_caches)
         self._layer_index = {name: _layer_index(name) for name in kv_caches}
         self._kv_by_index = {self._layer_index[name]: kv for name, kv in kv_caches.items()}
+        # called on the thread that runs the forward pass, bound by now if vLLM binds it
+        self._whole_load_first = _shares_transfer_cores(self._transfer_cpus)
+        log.info("kvcs: the forward pass %s", "waits for whole loads (it shares its cores "
+                 "with the transfer thread)" if self._whole_load_first else
+                 "uses each loaded layer as it arrives")
         if sorted(self._layer_index.values()) != list(range(self.layers)):
             raise ConnectorConfigError(
                 f"kvcs: the model has {len(kv_caches)} attention caches, not one per layer "
@@ -497,20 +509,27 @@ class KvcsConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait until this layer's verified blocks of every load of the step are in the
-        requests' paged blocks (the failed ones are load errors)."""
+        requests' paged blocks (the failed ones are load errors); where the forward pass
+        shares its cores with the transfer thread, until every layer's are (the first
+        call waits for them all)."""
         if not self._loads:
             return
         index = self._layer_index.get(layer_name)
         if index is None:
             return
         for load in self._loads:
-            event = load.delivered[index]
-            if event.is_set():
-                continue
-            # the retrieval is bounded by the budget; the margin covers a loaded machine
-            t0 = time.perf_counter()
-            event.wait(self.settings.recompute_budget_s + 30)
-            load.waited += time.perf_counter() - t0
+            # on shared cores a forward pass beside the transfer costs both: its OpenMP
+            # threads spin at every barrier while one of them is descheduled (85-105 ms
+            # more CPU per 1920-token hit on 2 cores); run alone after the transfer, it
+            # gave faster hits (fastest 0.29-0.30 s against 0.34-0.35 s, docs/vllm.md)
+            events = load.delivered if self._whole_load_first else [load.delivered[index]]
+            for event in events:
+                if event.is_set():
+                    continue
+                # the retrieval is bounded by the budget; the margin covers a loaded machine
+                t0 = time.perf_counter()
+                event.wait(self.settings.recompute_budget_s + 30)
+                load.waited += time.perf_counter() - t0
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors: set[int] = set()
@@ -614,6 +633,23 @@ def _transfer_cores() -> list[int]:
     except Exception:  # not every CPU platform can tell
         return []
     return [max(cores) for cores in topology if cores]
+
+
+def _shares_transfer_cores(transfer_cpus: list[int]) -> bool:
+    """On vLLM's CPU backend: whether the calling thread (the forward pass's) may run on
+    the transfer thread's cores (``transfer_cpus``; none: unpinned, anywhere). vLLM's
+    automatic OpenMP binding keeps the forward pass off them; with its engine in the
+    caller's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) nothing is bound and they are
+    shared. False elsewhere (a GPU's forward pass does not run on those cores)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    try:
+        mine = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux: assume the scheduler shares them
+        return True
+    return not transfer_cpus or bool(mine & set(transfer_cpus))
 
 
 def _layer_index(name: str) -> int:

@@ -310,16 +310,27 @@ class MoqtConnection:
     # -- UDP ----------------------------------------------------------------------
 
     def datagrams_received(self, datagrams: list[bytes], addr: NetworkAddress) -> None:
-        """:meta private: feed datagrams that arrived together from ``addr`` to QUIC and
-        handle the events; the socket's reader transmits afterwards (:meth:`receive_done`
-        on a client, the server once per connection that received any)."""
+        """:meta private: feed datagrams that arrived together from ``addr`` to QUIC; the
+        events wait for :meth:`receive_done`, once the socket was read."""
         now = self._loop.time()
         self._heard_at = now
         self._lib.receive_datagrams(self._quic, datagrams, addr, now)
-        self._process_events()
+
+    def segments_received(self, buffer: bytes, segment_size: int,
+                          addr: NetworkAddress) -> None:
+        """:meta private: as :meth:`datagrams_received`, for a GRO buffer (datagrams of
+        ``segment_size`` bytes back to back)."""
+        now = self._loop.time()
+        self._heard_at = now
+        self._lib.receive_segments(self._quic, buffer, segment_size, addr, now)
 
     def receive_done(self) -> None:
-        """:meta private: the client socket was read: transmit once."""
+        """:meta private: the socket was read (a client's; the server's listener calls it
+        for each connection that received any): handle the events, then transmit once.
+        Handling them once per read rather than per GRO buffer gives the session its
+        stream data in larger pieces (a relay read ~5 buffers per readiness event at
+        1452-byte datagrams: handling each on its own cost it ~7% more CPU per MiB)."""
+        self._process_events()
         self.transmit()
 
     def close_socket(self) -> None:

@@ -4,10 +4,11 @@ One UDP socket accepts raw QUIC (ALPN ``moqt-22``) and HTTP/3 WebTransport (ALPN
 extended CONNECT offering ``moqt-22``) MOQT sessions. :class:`_Listener` routes datagrams
 to connections by destination connection ID, as the QUIC libraries' own servers do; the
 socket (:class:`~kvcs.transport.udp.UdpSocket`) reads every queued datagram per
-readiness event, then each connection that received any transmits once. Each connection
-gets the datagram size of its peer's address (:meth:`QuicSettings.datagram_size_for
-<kvcs.transport.QuicSettings.datagram_size_for>`): loopback clients the library's largest,
-others what fits the internet, unless the settings fix one size for all.
+readiness event, then each connection that received any handles its events and
+transmits once. Each connection gets the datagram size of its peer's address
+(:meth:`QuicSettings.datagram_size_for <kvcs.transport.QuicSettings.datagram_size_for>`):
+loopback clients the library's largest, others what fits the internet, unless the
+settings fix one size for all.
 """
 
 from __future__ import annotations
@@ -88,10 +89,26 @@ class _Listener:
         if run:
             self._feed(run_conn, run, addr)  # type: ignore[arg-type]
 
+    def segments_received(self, buffer: bytes, segment_size: int,
+                          addr: NetworkAddress) -> None:
+        """Route a GRO buffer from ``addr``: whole to its connection when every segment
+        is a short-header packet to the same connection ID (the case of a connection's
+        data), otherwise datagram by datagram (a handshake, or a peer that runs several
+        connections from one socket)."""
+        end = 1 + self._cid_length
+        conn = (self._routes.get(buffer[1:end]) if buffer and not buffer[0] & 0x80
+                else None)
+        if conn is not None and same_destination(buffer, segment_size, end):
+            conn.segments_received(buffer, segment_size, addr)
+            self._pending[conn] = None
+            return
+        self.datagrams_received(
+            [buffer[i:i + segment_size] for i in range(0, len(buffer), segment_size)], addr)
+
     def receive_done(self) -> None:
         pending, self._pending = self._pending, {}
         for conn in pending:
-            conn.transmit()
+            conn.receive_done()
 
     def _feed(self, conn: MoqtConnection, datagrams: list[bytes], addr: NetworkAddress) -> None:
         conn.datagrams_received(datagrams, addr)
@@ -124,6 +141,18 @@ class _Listener:
             self._routes[header.destination_cid] = conn
             self.connections += 1
         return conn
+
+
+def same_destination(buffer: bytes, segment_size: int, end: int) -> bool:
+    """Whether every segment of a GRO buffer is a short-header packet whose destination
+    connection ID (bytes 1 to ``end``) is the first segment's. Strided slices: one C call
+    per byte of the ID rather than a Python step per segment (5 vs 11 us for 45
+    segments)."""
+    heads = buffer[::segment_size]
+    if max(heads) & 0x80:
+        return False
+    count = len(heads)
+    return all(buffer[i::segment_size].count(buffer[i]) == count for i in range(1, end))
 
 
 class Server:

@@ -8,7 +8,8 @@ sizes (1452-byte datagrams) that is ~35,000 calls per second and direction for 4
   :data:`RECEIVE_BATCH` calls), handed over in runs from one address, so that a QUIC
   library that takes batches processes them in one call;
 * GRO (Linux ``UDP_GRO``): the kernel coalesces datagrams of one flow into one buffer
-  with their segment size, split here; one ``recvmsg`` brings up to 64 KiB;
+  with their segment size; one ``recvmsg`` brings up to 64 KiB, handed over whole (a QUIC
+  library that takes such a buffer splits it in compiled code);
 * GSO (Linux ``UDP_SEGMENT``): a run of equal-size datagrams to one address (the last
   may be shorter) leaves in one ``sendmsg``, which the kernel splits.
 
@@ -75,6 +76,12 @@ class DatagramReceiver(Protocol):
 
     def datagrams_received(self, datagrams: list[bytes], addr: NetworkAddress) -> None:
         """Datagrams that arrived in a row from ``addr``, in order."""
+        ...
+
+    def segments_received(self, buffer: bytes, segment_size: int,
+                          addr: NetworkAddress) -> None:
+        """A GRO buffer from ``addr``: datagrams of ``segment_size`` bytes back to back
+        (the last may be shorter), in order, after the datagrams delivered before it."""
         ...
 
     def receive_done(self) -> None:
@@ -197,7 +204,10 @@ class UdpSocket:
                     continue
                 segment = _gro_segment_size(ancillary)
                 if 0 < segment < len(data):
-                    run.extend(data[i:i + segment] for i in range(0, len(data), segment))
+                    if run:
+                        receiver.datagrams_received(run, addr)
+                        run = []
+                    receiver.segments_received(data, segment, addr)
                     continue
             run.append(data)
         if run:

@@ -157,3 +157,19 @@ def test_paged_layout_round_trip() -> None:
     assert np.array_equal(gk, k.float().numpy())
     with pytest.raises(ConnectorConfigError, match="CPU backend"):
         layout.check("x", torch.zeros((6, 2, 2, 32, 64)))
+
+
+def test_whole_loads_first_only_where_the_forward_pass_shares_the_transfer_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from vllm.platforms import current_platform
+
+    from kvcs.integrations import vllm as connector
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU backend only")
+    monkeypatch.setattr(connector.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert connector._shares_transfer_cores([1])  # nothing bound (vLLM in-process)
+    assert connector._shares_transfer_cores([])  # the transfer thread is not pinned
+    monkeypatch.setattr(connector.os, "sched_getaffinity", lambda pid: {0})
+    assert not connector._shares_transfer_cores([1])  # vLLM bound the forward pass to 0

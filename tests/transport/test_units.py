@@ -10,6 +10,7 @@ from kvcs.transport import QuicSettings, default_library, ensure_dev_certificate
 from kvcs.transport.certs import load_certificate, parse_fingerprint
 from kvcs.transport.config import max_datagram_size_limit
 from kvcs.transport.quic import LIBRARY_ENV, adapter, use_library
+from kvcs.transport.server import same_destination
 from kvcs.transport.webtransport import (
     CAPSULE_CLOSE_WEBTRANSPORT_SESSION,
     CapsuleParser,
@@ -142,3 +143,23 @@ def test_settings_for_a_path() -> None:
         QuicSettings.for_path(mtu=1000)
     with pytest.raises(ValueError, match="unknown QUIC preset"):
         QuicSettings.for_path(preset="lan")
+
+
+def test_gro_buffer_routed_whole_only_to_one_connection() -> None:
+    """A GRO buffer goes to a connection whole only when every segment is a short-header
+    packet to the first one's connection ID (a peer may run several connections from one
+    socket; a handshake mixes long headers)."""
+    cid, other, size = os.urandom(8), os.urandom(8), 1452
+
+    def buffer(*cids: bytes, first: int = 0x41, last: int = size) -> bytes:
+        segments = [bytes([first]) + c + os.urandom(size - 9) for c in cids]
+        segments[-1] = segments[-1][:last]
+        return b"".join(segments)
+
+    assert same_destination(buffer(cid, cid, cid), size, 9)
+    assert same_destination(buffer(cid, cid, cid, last=100), size, 9)  # shorter last
+    assert same_destination(buffer(cid), size, 9)
+    assert not same_destination(buffer(cid, other, cid), size, 9)
+    assert not same_destination(buffer(cid, cid, other, last=100), size, 9)
+    assert not same_destination(buffer(cid, cid, cid, last=5), size, 9)  # cut in the ID
+    assert not same_destination(buffer(cid, cid, first=0xC1), size, 9)  # long headers

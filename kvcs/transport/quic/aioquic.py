@@ -215,6 +215,11 @@ class AioquicAdapter:
         for data in datagrams:
             quic.receive_datagram(data, addr, now)
 
+    def receive_segments(self, quic: QuicConnectionAPI, buffer: bytes, segment_size: int,
+                         addr: NetworkAddress, now: float) -> None:
+        for offset in range(0, len(buffer), segment_size):
+            quic.receive_datagram(buffer[offset:offset + segment_size], addr, now)
+
     def idle_timeout(self, quic: QuicConnectionAPI) -> float:
         ours = float(quic.configuration.idle_timeout or 0)
         theirs = cast(QuicConnection, quic)._remote_max_idle_timeout or 0  # no accessor

@@ -180,6 +180,13 @@ class QuicAdapter(Protocol):
         library takes a batch)."""
         ...
 
+    def receive_segments(self, quic: QuicConnectionAPI, buffer: bytes, segment_size: int,
+                         addr: NetworkAddress, now: float) -> None:
+        """Feed a GRO buffer from ``addr``: datagrams of ``segment_size`` bytes back to
+        back, the last possibly shorter (split in the library where it takes such a
+        buffer)."""
+        ...
+
     def idle_timeout(self, quic: QuicConnectionAPI) -> float:
         """The connection's idle timeout in seconds once the handshake is done: the
         smaller of ours and the peer's (0: none)."""
