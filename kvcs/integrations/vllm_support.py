@@ -30,6 +30,7 @@ import torch
 from ..endpoint import Endpoint
 from ..kv.cose import Keyring, ProducerKey
 from ..kv.ids import CompatDescriptor, ScopeKey, block_keys, scope_id
+from ..kv.prefault import empty as new_array
 from ..kv.scopefile import ScopeFile, ScopeFileError, load_scope_file
 from ..kv.secure import SecureObjects
 from ..kvnet.discovery import NamespaceIndex, scope_prefix
@@ -450,9 +451,9 @@ class StagingPool:
             fitting = [i for i, a in enumerate(self._idle) if self.rows(a) >= rows]
             if fitting:  # the smallest that fits (the list is kept largest first)
                 return self._idle.pop(fitting[-1])
-        d = self.desc
-        return [(np.empty((rows, *d.k_shape()[1:]), d.dtype),
-                 np.empty((rows, *d.v_shape()[1:]), d.dtype)) for _ in range(d.layers)]
+        d = self.desc  # written whole by the first load: faulted in at once
+        return [(new_array((rows, *d.k_shape()[1:]), d.dtype),
+                 new_array((rows, *d.v_shape()[1:]), d.dtype)) for _ in range(d.layers)]
 
     def give(self, arrays: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """Hand a set back once nothing reads or writes it any more."""
