@@ -85,7 +85,8 @@ class DatagramReceiver(Protocol):
         ...
 
     def receive_done(self) -> None:
-        """The socket has been read for this readiness event: time to transmit."""
+        """The socket has been read for this readiness event: time to handle what arrived
+        and transmit."""
         ...
 
 
