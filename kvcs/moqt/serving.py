@@ -663,6 +663,18 @@ class TrackServer:
                     continue
                 if not passes_range_filters(obj, cur.filters):
                     continue
+                if window and written >= window:
+                    # the window is full: wait for the stream to drain (DataStreamWritable)
+                    # before this object, not after the last one written. A range that
+                    # ends there (only status objects after it) then ends in this call,
+                    # and its FIN leaves with the last object's bytes: a FIN in a STREAM
+                    # frame of its own that is lost while earlier bytes of the stream are
+                    # unacknowledged is never resent by qh3 2.1 (docs/transport.md)
+                    cur.obj = obj.object_id
+                    cur.blocked = True
+                    self._blocked[cur.stream_id] = cur
+                    s.want_writable(cur.stream_id)
+                    return
                 if cur.prio_group != g:
                     # a fetch stream carries many groups: it takes each group's priority
                     cur.prio_group = g
@@ -676,11 +688,6 @@ class TrackServer:
                 self.objects_sent += 1
                 self.bytes_sent += len(obj.payload)
                 written += len(obj.payload)
-                if window and written >= window:
-                    cur.blocked = True  # resume on DataStreamWritable
-                    self._blocked[cur.stream_id] = cur
-                    s.want_writable(cur.stream_id)
-                    return
             if g == end.group and cur.obj > end.object:
                 if not cur.descending:
                     break  # the last group of an ascending range is done

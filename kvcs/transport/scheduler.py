@@ -120,8 +120,16 @@ class SendScheduler:
             logger.debug("stream %d: data after FIN dropped", stream_id)
             return
         view = _as_bytes_view(data)
-        if not view.nbytes and not end:
-            return
+        if not view.nbytes:
+            if not end:
+                return
+            if queue.chunks:
+                # the FIN rides on the last chunk still queued: QUIC sends it in the STREAM
+                # frame that carries the stream's last bytes. A FIN in a frame of its own
+                # is never resent by qh3 2.1 if that frame is lost while earlier bytes of
+                # the stream are unacknowledged (docs/transport.md, "qh3 and lost FINs")
+                queue.chunks[-1] = (queue.chunks[-1][0], True)
+                return
         queue.chunks.append((view, end))
         queue.queued += view.nbytes
         self.queued_bytes += view.nbytes

@@ -511,6 +511,43 @@ def test_write_window_interleaves_fill_streams_and_tracks_group_priority() -> No
     assert len(got) == 32
 
 
+def test_a_fill_that_ends_where_its_write_window_fills_ends_at_once() -> None:
+    """A fill whose last object fills the write window (only status objects after it)
+    ends its stream in the same call, so that its FIN leaves with its last bytes; it used
+    to wait for the stream to drain and send the FIN alone, which qh3 2.1 never resends
+    if it is lost while earlier bytes are unacknowledged (docs/reliability.md)."""
+    from kvcs.moqt.actions import SendStreamData
+
+    p = established(server_cfg=SessionConfig(is_client=False, write_window=4000))
+    server = TrackServer(p.server)
+    track = Track(NS, b"t", origin=True)
+    for g in range(2):
+        for o in range(4):
+            track.add(CachedObject(g, o, 0, 10, 0, (), bytes(1000)))
+        track.add(_obj(g, 4, status=wire.ObjectStatus.END_OF_GROUP if g == 0
+                       else wire.ObjectStatus.END_OF_TRACK))
+    p.client.subscribe(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.next_object(),
+        fill=wire.Parameters(location_filter=wire.LocationFilter.none())))
+    p.pump()
+    req = next(e for e in p.server.events() if isinstance(e, ev.RequestReceived))
+    assert server.serve_subscribe(req.request_id, req.message, track)
+    p.pump()
+    # the first window (group 0) is written; the second waits for DataStreamWritable
+    writable = [e for e in p.server.events() if isinstance(e, ev.DataStreamWritable)]
+    assert len(writable) == 1
+    sent = [a for who, a in p.wire if who == "client" and isinstance(a, SendStreamData)
+            and a.stream_id == writable[0].stream_id]
+    assert not any(a.end for a in sent)
+    before = len(p.wire)
+    server.handle(writable[0])  # group 1: its four objects, then the end of the range
+    p.pump()
+    last = [a for who, a in p.wire[before:] if who == "client"
+            and isinstance(a, SendStreamData) and a.stream_id == writable[0].stream_id]
+    assert len(last) == 5 and last[-1].end  # the FIN in the same call, not after a drain
+    assert not [e for e in p.server.events() if isinstance(e, ev.DataStreamWritable)]
+
+
 def test_live_objects_behind_their_subgroup_stream_go_on_a_new_stream() -> None:
     """A relay's track may receive a subgroup's objects out of order (its upstream sent
     the subgroup on two streams that raced): the live stream never goes backwards; it ends
