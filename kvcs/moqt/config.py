@@ -169,6 +169,12 @@ class SessionConfig:
     has not seen (digest 4.11: a timer >= the delivery timeouts; kvcs sets none). A
     relay that evicts a live track resets streams before their header went out: their
     subscriber could never attribute them and would wait forever."""
+    publish_done_stall_s: float = 20.0
+    """After PUBLISH_DONE, how long a data stream it counts may stay open without a byte
+    before its end is taken as lost and the subscription ends with that stream missing.
+    qh3 2.1 can lose a stream's FIN for good (docs/reliability.md, "qh3 and lost FINs"):
+    every byte arrives and the end never does; a relay would hold the track's link, and
+    its subscribers, open for as long as the session lasts."""
 
 
 def state_bound(config: SessionConfig, bidi_streams: int = 256, uni_streams: int = 1024) -> int:

@@ -589,8 +589,21 @@ class ControlPlane(RequestCalls):
         req = self._requests.get(request_id)
         if req is None or req.publish_done is None:
             return False
-        if self._data.receiving_for(req):
-            return True
+        received = self._data.received_for(req)
+        if received is not None:
+            now = self._config.clock()
+            before, since = req.received_after_done
+            if received != before:
+                req.received_after_done = (received, now)
+                return True
+            if now - since < self._config.publish_done_stall_s:
+                return True
+            # every byte may have come and the end not (qh3 2.1 can lose a lone FIN for
+            # good): the stream is given up and counted missing, so that the
+            # subscription can end instead of lasting as long as the session
+            log.info("subscription %d: a data stream stayed open %.0f s after PUBLISH_DONE "
+                     "without a byte: taken as lost", request_id, now - since)
+            self._data.stop_receiving(req, StreamResetCode.CANCELLED)
         self._subscription_may_end(req, waited=True)
         return False
 

@@ -86,6 +86,8 @@ class _Incoming:
     """What the held items are charged to the data budget."""
     stopped: StreamError | None = None
     """Why a held stream was stopped: reported to its request once the alias is bound."""
+    received: int = 0
+    """Bytes fed so far (a stream that stops receiving can be told from a slow one)."""
 
     @property
     def abandoned(self) -> bool:
@@ -133,6 +135,7 @@ class DataStreams:
         ds = self._incoming.get(stream_id)
         if ds is None:
             return False
+        ds.received += len(data)
         parser = ds.parser
         if parser is None:  # abandoned: its bytes are dropped until it ends
             if end:
@@ -292,6 +295,12 @@ class DataStreams:
     def receiving_for(self, req: Request) -> bool:
         """True while a data stream attributed to ``req`` is still open."""
         return any(ds.request is req and not ds.abandoned for ds in self._incoming.values())
+
+    def received_for(self, req: Request) -> int | None:
+        """Bytes received so far on the data streams of ``req`` still open (None: none)."""
+        open_streams = [ds.received for ds in self._incoming.values()
+                        if ds.request is req and not ds.abandoned]
+        return sum(open_streams) if open_streams else None
 
     def stop_receiving(self, req: Request, code: int) -> None:
         """STOP_SENDING every data stream still open for ``req`` (it was cancelled)."""

@@ -244,6 +244,9 @@ class Request:
     # all ended yet, and how many data streams have ended
     publish_done: PublishDone | None = None
     streams_ended: int = 0
+    received_after_done: tuple[int, float] = (-1, 0.0)
+    """Bytes its open data streams had received, and when that count last moved, as the
+    PUBLISH_DONE timer last saw them (``SessionConfig.publish_done_stall_s``)."""
     updates: deque[int] = field(default_factory=deque)
     """REQUEST_UPDATE IDs awaiting their answer, oldest first (whichever side sent them)."""
     update_ids: list[int] = field(default_factory=list)

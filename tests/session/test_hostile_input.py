@@ -361,3 +361,35 @@ def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
     (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
     assert done.request_id == rid and done.streams_missing == 0
     assert p.client.stop_waiting_for_streams(rid) is False
+
+
+def test_publish_done_timer_gives_up_a_stream_that_stopped_receiving() -> None:
+    """A counted stream that stays open after PUBLISH_DONE without a byte for
+    publish_done_stall_s (its FIN lost for good: qh3 2.1, docs/reliability.md) is given up:
+    STOP_SENDING, and the subscription ends with it missing; bytes still arriving restart
+    the wait."""
+    now = [100.0]
+    p = established(client_cfg=SessionConfig(is_client=True, clock=lambda: now[0],
+                                             publish_done_stall_s=20.0))
+    rid, _ = subscribed(p, NS, track_alias=9)
+    data = p.server.open_subgroup(rid, 0)
+    p.server.write_object(data, 0, b"x" * 100)
+    p.pump()
+    sid = p.client.subscription_info(rid).stream_id
+    p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 1, "")), True)
+    list(p.client.events())
+    assert p.client.stop_waiting_for_streams(rid) is True  # first look
+    now[0] += 15
+    assert p.client.stop_waiting_for_streams(rid) is True  # quiet, not for long enough
+    p.server.write_object(data, 1, b"y" * 100)
+    p.pump()
+    now[0] += 15
+    assert p.client.stop_waiting_for_streams(rid) is True  # it moved: wait again
+    now[0] += 19
+    assert p.client.stop_waiting_for_streams(rid) is True
+    assert "SubscriptionEnded" not in kinds(list(p.client.events()))
+    now[0] += 2
+    assert p.client.stop_waiting_for_streams(rid) is False  # 21 s without a byte
+    (done,) = of_type(list(p.client.events()), ev.SubscriptionEnded)
+    assert done.request_id == rid and done.streams_missing == 1
+    assert any(isinstance(a, StopSending) for a in p.client.actions())
