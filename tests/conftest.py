@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from kvcs.transport import DevCertificate, ensure_dev_certificate
+
+# No per-example deadline: Hypothesis's default (200 ms) measures the machine's load, not
+# the code (a wire round trip went past it once beside the other worker, 2 cores)
+settings.register_profile("kvcs", deadline=None)
+settings.load_profile("kvcs")
 
 FIRST = ("tests/integrations/test_vllm.py",)
 """Modules a pytest-xdist worker starts first (make test): the longest one, so that it does
