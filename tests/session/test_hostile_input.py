@@ -17,6 +17,7 @@ from kvcs.moqt.session import Session, SessionConfig
 
 from .pair import (
     Opener,
+    Pair,
     close_codes,
     established,
     kinds,
@@ -341,17 +342,24 @@ def test_publish_done_counting_streams_never_seen_ends_when_the_binding_stops_wa
     assert list(p.client.events()) == []
 
 
-def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
-    """The digest 4.11 timer is for streams never seen: while a counted stream is still
-    open (a large fill on a loaded host), stop_waiting_for_streams keeps the subscription
-    and says so; it ends when the stream does."""
-    p = established()
+def _publish_done_with_its_stream_open(p: Pair) -> tuple[int, int]:
+    """The server opens one subgroup stream, writes an object on it and sends PUBLISH_DONE
+    counting it, the stream still open; returns (request id, the server's stream)."""
     rid, _ = subscribed(p, NS, track_alias=9)
     data = p.server.open_subgroup(rid, 0)
     p.server.write_object(data, 0, b"x" * 100)
     p.pump()
     sid = p.client.subscription_info(rid).stream_id
     p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 1, "")), True)
+    return rid, data
+
+
+def test_publish_done_timer_waits_for_a_stream_still_receiving() -> None:
+    """The digest 4.11 timer is for streams never seen: while a counted stream is still
+    open (a large fill on a loaded host), stop_waiting_for_streams keeps the subscription
+    and says so; it ends when the stream does."""
+    p = established()
+    rid, data = _publish_done_with_its_stream_open(p)
     evs = list(p.client.events())
     assert "SubscriptionEnded" not in kinds(evs)
     assert p.client.stop_waiting_for_streams(rid) is True  # still receiving: wait again
@@ -371,12 +379,7 @@ def test_publish_done_timer_gives_up_a_stream_that_stopped_receiving() -> None:
     now = [100.0]
     p = established(client_cfg=SessionConfig(is_client=True, clock=lambda: now[0],
                                              publish_done_stall_s=20.0))
-    rid, _ = subscribed(p, NS, track_alias=9)
-    data = p.server.open_subgroup(rid, 0)
-    p.server.write_object(data, 0, b"x" * 100)
-    p.pump()
-    sid = p.client.subscription_info(rid).stream_id
-    p.client.stream_data(sid, wire.encode_message(wire.PublishDone(2, 1, "")), True)
+    rid, data = _publish_done_with_its_stream_open(p)
     list(p.client.events())
     assert p.client.stop_waiting_for_streams(rid) is True  # first look
     now[0] += 15
