@@ -753,7 +753,8 @@ class TrackServer:
 
     def _begin(self, cur: _Cursor) -> None:
         """Start writing a new cursor, or queue it behind :attr:`max_cursors` others."""
-        if self.max_cursors and self.cursors[0] >= self.max_cursors:
+        running = self.cursors[0]  # also forgets cursors that ended (they pin their tracks)
+        if self.max_cursors and running >= self.max_cursors:
             cur.blocked = True  # not in _blocked: only _admit starts it
             self._waiting.append(cur)
             return
@@ -777,6 +778,8 @@ class TrackServer:
 
     def _cursor_finished(self, cur: _Cursor) -> None:
         self._blocked.pop(cur.stream_id, None)
+        if cur in self._running:  # a finished cursor must not pin its track
+            self._running.remove(cur)
         if cur.fill_id is None:
             if self._fetches.pop(cur.request_id, None) is not None:
                 self._unwatch_if_idle(cur.track)

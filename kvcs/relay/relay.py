@@ -523,12 +523,6 @@ class Relay:
             self.reject(peer, drid, "track_status", RequestErrorCode.INTERNAL_ERROR, reason)
         peer.schedule_flush()
 
-    @property
-    def cache(self) -> Origin[RelaySession]:
-        """The relay's cache: its origin's tracks (kept under this name for callers that
-        look at the byte budget and the cached tracks)."""
-        return self.origin
-
 
 class _Retention:
     """The relay's retention policy for its origin: a track its upstream link feeds to

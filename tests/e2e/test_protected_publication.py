@@ -52,7 +52,7 @@ def assert_cache_holds_no_plaintext(relay: Relay, data: list, fields: tuple) -> 
     pieces = {key: [p[:68]] + [p[i:i + 64] for i in range(68, len(p) - 63, 64)]
               for key, p in plain.items()}
     checked = 0
-    for (ns, name), track in relay.cache.tracks.items():
+    for (ns, name), track in relay.origin.tracks.items():
         if tuple(ns) != fields:
             continue
         for obj in track.objects(type(track.largest)(0, 0)):  # type: ignore[misc, arg-type]

@@ -46,14 +46,14 @@ async def test_publisher_exits_after_finish_and_the_publication_stays(net: Local
     pub_ep.close()
     await pub_ep.wait_closed()
     await until(lambda: not a.publishers)
-    assert {name for _ns, name in a.cache.tracks} == {b"manifest", b"k.raw.s0", b"v.raw.s0",
+    assert {name for _ns, name in a.origin.tracks} == {b"manifest", b"k.raw.s0", b"v.raw.s0",
                                                      b"kv.q8.s0"}
     # decode workers arriving afterwards: at A, and at B which asks A
     await _retrieve(net, a, data)
     await _retrieve(net, b, data)
     assert time.monotonic() - t_done < RETENTION_S, "retrieval slower than the retention"
     # MAX_CACHE_DURATION later the publication is gone everywhere
-    await until(lambda: not a.cache.tracks and not b.cache.tracks, RETENTION_S + 3)
+    await until(lambda: not a.origin.tracks and not b.origin.tracks, RETENTION_S + 3)
     await until(lambda: not a.namespaces.retained and not b.namespaces.retained, 2)
     for relay in (a, b):
         consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT)

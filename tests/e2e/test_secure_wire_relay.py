@@ -24,7 +24,7 @@ async def test_a_publication_on_the_drafts_wire(net: LocalNet) -> None:
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
                           secure=parse_scope_file(scope.to_json()).secure_objects())
     await retrieve_all(consumer, data)
-    track = relay.cache.get((pub.fields, b"k.raw.s0"))
+    track = relay.origin.get((pub.fields, b"k.raw.s0"))
     assert track is not None
     obj = next(o for o in track.objects(type(track.largest)(0, 0))  # type: ignore[misc, arg-type]
                if o.status == ObjectStatus.NORMAL)

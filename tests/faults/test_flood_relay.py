@@ -306,7 +306,7 @@ async def test_a_flood_leaves_good_consumers_half_their_goodput(
             report, allowed)
         # memory: within the cache budget plus the bound per session
         growth = max(samples) - memory_before
-        bound = relay.cache.budget + sessions * relay.session_memory_bound
+        bound = relay.origin.budget + sessions * relay.session_memory_bound
         print(f"RSS growth during the flood {growth / 2**20:.1f} MiB with up to {sessions} "
               f"sessions (bound {bound / 2**20:.0f} MiB)")
         assert growth <= bound

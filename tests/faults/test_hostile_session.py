@@ -144,7 +144,7 @@ async def test_floods_are_limited_while_a_transfer_runs(net: LocalNet) -> None:
     tracemalloc.start()
     try:
         before = _kvcs_bytes()
-        cache_before = relay.cache.bytes
+        cache_before = relay.origin.bytes
         ca, a = await hostile_client(relay.port, str(net.cert.certfile), net.settings)
         cb, b = await hostile_client(relay.port, str(net.cert.certfile), net.settings)
         flood = asyncio.create_task(_request_flood(ca, a, 1500))
@@ -174,7 +174,7 @@ async def test_floods_are_limited_while_a_transfer_runs(net: LocalNet) -> None:
         ca.close()
         cb.close()
         await until(lambda: len(relay.sessions) == 2, timeout=30)
-        cached = relay.cache.bytes - cache_before
+        cached = relay.origin.bytes - cache_before
         assert cached == GROUPS * OBJECTS * SIZE
         await asyncio.sleep(0.1)
         left = _kvcs_bytes() - before
@@ -243,5 +243,5 @@ async def test_malformed_track_from_a_publisher(net: LocalNet) -> None:
     await until(lambda: [c.request_id for c in h.cancelled] == [req.request_id])
     assert h.session.closed is None  # only the request is cut off
     await sub.collect(timeout=10)
-    assert relay.cache.get((hns, b"t")) is None
+    assert relay.origin.get((hns, b"t")) is None
     assert sub.done is not None and sub.done.status == PublishDoneCode.MALFORMED_TRACK

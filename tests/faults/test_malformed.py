@@ -314,7 +314,7 @@ async def test_malformed_track_from_the_upstream_relay(cert: DevCertificate,
         sub = await (await net.client(edge)).subscribe(ns, b"broken")
         await sub.collect(timeout=10)
         assert up.session.closed is None and edge.upstream is not None
-        assert edge.cache.get((ns, b"broken")) is None
+        assert edge.origin.get((ns, b"broken")) is None
         assert sub.done is not None and sub.done.status == PublishDoneCode.MALFORMED_TRACK
 
 

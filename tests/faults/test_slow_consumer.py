@@ -165,9 +165,9 @@ async def test_a_stalled_consumer_costs_the_others_nothing(
     assert slow.server.too_far_behind == 1 and slow.conn.queued_bytes == 0
     sessions = len(relay.sessions)
     growth = peak_memory - memory_before
-    bound = relay.cache.budget + sessions * relay.session_memory_bound
+    bound = relay.origin.budget + sessions * relay.session_memory_bound
     print(f"RSS growth while stalled {growth / 2**20:.1f} MiB (cache "
-          f"{relay.cache.bytes / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB)")
+          f"{relay.origin.bytes / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB)")
     assert growth <= bound
 
 

@@ -59,7 +59,7 @@ def _kvcs_bytes() -> int:
 
 
 def _relay_state(relay: Relay) -> tuple[int, int, int, int]:
-    return (len(relay.sessions), len(relay.links), len(relay.cache.tracks),
+    return (len(relay.sessions), len(relay.links), len(relay.origin.tracks),
             len(relay.namespaces.retained))
 
 

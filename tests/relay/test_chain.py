@@ -30,13 +30,13 @@ async def test_chained_join_mid_production(env: Env) -> None:
                                                           for o in range(4)}
     await s1.cancel()
     await until(lambda: not b.links)
-    cached_b = b.cache.get((NS, NAME))
+    cached_b = b.origin.get((NS, NAME))
     assert cached_b is not None and cached_b.is_settled(Location(1, 3))
     in_b_before = b.metrics.get("kvcs_relay_objects_in_total")
     # production continues; A (still subscribed to the publisher) caches groups 2..3
     publish_group(pub, track, 2, 4)
     publish_group(pub, track, 3, 4)
-    await until(lambda: a.cache.get((NS, NAME)).group_closed(3))
+    await until(lambda: a.origin.get((NS, NAME)).group_closed(3))
     # a consumer joins at B mid-production
     c2 = await env.client(b)
     s2 = await c2.subscribe(NS, NAME, location_filter=NEXT, fill=WHOLE)

@@ -59,7 +59,7 @@ async def test_late_joiner_after_publisher_left(env: Env) -> None:
         publish_group(pub, track, g, 8)
     end_track(pub, track, 4)
     check_objects(await task, 4, 8)
-    cached = relay.cache.get((NS, b"v.raw.s0"))
+    cached = relay.origin.get((NS, b"v.raw.s0"))
     assert cached is not None
     await until(lambda: cached.complete)
     pub.close()

@@ -27,8 +27,8 @@ async def _complete_track(env: Env, relay, pub, name: bytes, groups: int = 2,  #
     c = await env.client(relay)
     res = await c.fetch(NS, name, location_filter=LocationFilter.none())
     assert len(await res.collect(timeout=5)) == groups * per_group
-    await until(lambda: (relay.cache.get((NS, name)) is not None
-                         and relay.cache.get((NS, name)).complete))
+    await until(lambda: (relay.origin.get((NS, name)) is not None
+                         and relay.origin.get((NS, name)).complete))
 
 
 async def test_eviction_by_age(env: Env) -> None:
@@ -37,11 +37,11 @@ async def test_eviction_by_age(env: Env) -> None:
     await pub.announce(NS)
     await _complete_track(env, relay, pub, b"short", props=((MAX_CACHE_DURATION, 300),))
     await _complete_track(env, relay, pub, b"long", props=((MAX_CACHE_DURATION, 60000),))
-    assert relay.cache.get((NS, b"short")).max_cache_duration_ms == 300
-    await until(lambda: relay.cache.get((NS, b"short")) is None, timeout=3)
-    assert relay.cache.get((NS, b"long")) is not None
+    assert relay.origin.get((NS, b"short")).max_cache_duration_ms == 300
+    await until(lambda: relay.origin.get((NS, b"short")) is None, timeout=3)
+    assert relay.origin.get((NS, b"long")) is not None
     assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="age") == 1
-    assert relay.cache.bytes == relay.cache.get((NS, b"long")).bytes
+    assert relay.origin.bytes == relay.origin.get((NS, b"long")).bytes
 
 
 async def test_eviction_by_bytes_lru(env: Env) -> None:
@@ -51,18 +51,18 @@ async def test_eviction_by_bytes_lru(env: Env) -> None:
     await pub.announce(NS)
     await _complete_track(env, relay, pub, b"t1")  # 64 KiB each
     await _complete_track(env, relay, pub, b"t2")
-    assert relay.cache.bytes == 2 * 64 * 1024
+    assert relay.origin.bytes == 2 * 64 * 1024
     # use t1 again (LRU), then a third track pushes the least recently used (t2) out
     c = await env.client(relay)
     res = await c.fetch(NS, b"t1", location_filter=LocationFilter.absolute_range(0, 0, 0, 1))
     await res.collect(timeout=5)
     await _complete_track(env, relay, pub, b"t3")
-    assert relay.cache.bytes <= budget
-    assert relay.cache.get((NS, b"t2")) is None
-    assert relay.cache.get((NS, b"t1")) is not None
-    assert relay.cache.get((NS, b"t3")) is not None
+    assert relay.origin.bytes <= budget
+    assert relay.origin.get((NS, b"t2")) is None
+    assert relay.origin.get((NS, b"t1")) is not None
+    assert relay.origin.get((NS, b"t3")) is not None
     assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="bytes") == 1
-    assert relay.metrics.get("kvcs_relay_cache_bytes") == relay.cache.bytes
+    assert relay.metrics.get("kvcs_relay_cache_bytes") == relay.origin.bytes
 
 
 async def test_a_live_track_larger_than_the_cache_keeps_its_subscribers(env: Env) -> None:
@@ -79,7 +79,7 @@ async def test_a_live_track_larger_than_the_cache_keeps_its_subscribers(env: Env
         publish_group(pub, track, g, 32, size=4096)
         await pub.drain(256 << 10)
         await asyncio.sleep(0)
-        assert relay.cache.bytes <= 1 << 20
+        assert relay.origin.bytes <= 1 << 20
     end_track(pub, track, 16)
     objs = await sub.collect(timeout=5)
     assert sub.done is not None and sub.done.status == PublishDoneCode.TRACK_ENDED
@@ -135,7 +135,7 @@ async def test_immutability_violation_closes_the_publisher(env: Env) -> None:
     relay = await env.relay()
     pub, track, c, sub, task = await env.live_track(relay, NS, b"t")
     publish_group(pub, track, 0, 4, end_of_group=False)
-    cached = relay.cache.get((NS, b"t"))
+    cached = relay.origin.get((NS, b"t"))
     await until(lambda: cached.get(Location(0, 3)) is not None)
     # the publisher sends a different payload at 0/1 on a second subgroup stream
     (rid,) = list(pub.server._subs)
@@ -149,7 +149,7 @@ async def test_immutability_violation_closes_the_publisher(env: Env) -> None:
     assert all(bytes(o.payload) == payload(o.group_id, o.object_id, 2048) for o in got)
     assert sub.done is not None and sub.done.status in (0x0, 0x4)  # INTERNAL / GOING_AWAY
     assert relay.metrics.get("kvcs_relay_protocol_errors_total") == 1
-    assert relay.cache.get((NS, b"t")) is None  # incomplete: dropped
+    assert relay.origin.get((NS, b"t")) is None  # incomplete: dropped
     # the subscriber's session is fine
     with pytest.raises(MoqtRequestError):
         await c.subscribe(NS, b"t")  # no publisher any more -> DOES_NOT_EXIST
@@ -178,7 +178,7 @@ async def test_cache_memory_is_bounded_by_its_payload_bytes(env: Env) -> None:
         pub.publish(track, g, 16, b"", status=ObjectStatus.END_OF_GROUP)
     pub.publish(track, 4, 0, b"", status=ObjectStatus.END_OF_TRACK)
     assert len([o for o in await task if o.status == ObjectStatus.NORMAL]) == 64
-    cached = relay.cache.get((NS, b"t"))
+    cached = relay.origin.get((NS, b"t"))
     assert cached is not None
     pinned = 0
     for obj in cached.objects(Location(0, 0)):

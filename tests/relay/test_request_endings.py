@@ -99,7 +99,7 @@ async def test_end_of_track_overtaking_its_group_loses_nothing(env: Env) -> None
         (n + 1, ObjectStatus.END_OF_TRACK)]
     assert all(bytes(o.payload) == payload(0, o.object_id, 512) for o in got[:n] if not o.status)
     assert sub.done is not None and sub.done.status == PublishDoneCode.TRACK_ENDED
-    cached = relay.cache.get((NS, b"t"))
+    cached = relay.origin.get((NS, b"t"))
     assert cached is not None and cached.complete and cached.count == n + 2
 
 

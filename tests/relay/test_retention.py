@@ -58,7 +58,7 @@ async def _gone_everywhere(watches: list, relays: list[Relay], timeout: float) -
     for watch in watches:
         assert await watch.next(timeout) == (False, NS)
     for relay in relays:
-        await until(lambda r=relay: not r.namespaces.retained and not r.cache.tracks, 2)  # type: ignore[misc]
+        await until(lambda r=relay: not r.namespaces.retained and not r.origin.tracks, 2)  # type: ignore[misc]
 
 
 async def test_completed_publication_outlives_its_publisher(env: Env) -> None:
@@ -73,9 +73,9 @@ async def test_completed_publication_outlives_its_publisher(env: Env) -> None:
     for name in (b"manifest", b"k.raw.s0", b"v.raw.s0"):
         _publish_whole(pub, name, duration)
     # nobody pulled anything yet: the hand-over makes relay A pull every track
-    assert not a.cache.tracks
+    assert not a.origin.tracks
     await pub.hand_over(NS, timeout=5)
-    assert all(a.cache.get((NS, n)).complete for n in (b"manifest", b"k.raw.s0", b"v.raw.s0"))
+    assert all(a.origin.get((NS, n)).complete for n in (b"manifest", b"k.raw.s0", b"v.raw.s0"))
     assert pub.server.active == 0  # nothing came back to the publisher (Forward 0)
     pub.close()
     await pub.wait_closed()
@@ -101,7 +101,7 @@ async def test_completed_publication_outlives_its_publisher(env: Env) -> None:
         status = await c.track_status(NS, b"v.raw.s0")
         assert status.params.largest_object == Location(3, 0)
         await _refused(c.fetch(NS, b"kv.q8.s0", location_filter=LocationFilter.none()))
-    assert b.cache.get((NS, b"k.raw.s0")).complete
+    assert b.origin.get((NS, b"k.raw.s0")).complete
     # MAX_CACHE_DURATION later every object has aged out: NAMESPACE_DONE at A and at B
     await _gone_everywhere(watches, [a, b], timeout=duration / 1000 + 3)
     late = await env.client(b)
@@ -121,7 +121,7 @@ async def test_only_what_the_relay_holds_outlives_the_publisher(env: Env) -> Non
     _publish_whole(pub, b"v.raw.s0", 60000)
     c = await env.client(relay)
     await _fetch_all(c, b"k.raw.s0")  # only k is ever pulled
-    await until(lambda: relay.cache.get((NS, b"k.raw.s0")).complete)
+    await until(lambda: relay.origin.get((NS, b"k.raw.s0")).complete)
     pub.close()
     await pub.wait_closed()
     await until(lambda: not relay.publishers)
@@ -138,11 +138,11 @@ async def test_only_what_the_relay_holds_outlives_the_publisher(env: Env) -> Non
     publish_group(pub2, track, 0, 4)
     sub = await c.subscribe(ns2, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
     assert await watch.next(3) == (True, ns2)
-    await until(lambda: relay.cache.get((ns2, b"k.raw.s0")).count >= 4)
+    await until(lambda: relay.origin.get((ns2, b"k.raw.s0")).count >= 4)
     pub2.close()
     assert await watch.next(3) == (False, ns2)
     await sub.collect(timeout=3)
-    assert relay.cache.get((ns2, b"k.raw.s0")) is None
+    assert relay.origin.get((ns2, b"k.raw.s0")) is None
     assert relay.namespaces.retained == {NS}
 
 
@@ -157,10 +157,10 @@ async def test_hand_over_needs_ended_tracks_and_a_relay(env: Env) -> None:
     end_track(pub, track, 1)
     await pub.hand_over(NS, timeout=5)
     # the relay loses the track (evicted for space): the next hand-over says so
-    relay.cache.budget = 1
-    relay.cache.enforce_budget()
-    relay.cache.budget = 1 << 30
-    assert relay.cache.get((NS, b"k.raw.s0")) is None
+    relay.origin.budget = 1
+    relay.origin.enforce_budget()
+    relay.origin.budget = 1 << 30
+    assert relay.origin.get((NS, b"k.raw.s0")) is None
     await pub.hand_over(NS, timeout=5)  # the relay pulls it again
 
 
@@ -177,7 +177,7 @@ async def test_objects_age_out_one_by_one_while_the_track_is_fed(env: Env) -> No
     sub = await live.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
     watch = await live.subscribe_namespace(PREFIX)
     assert await watch.next(3) == (True, NS)
-    cached = relay.cache.get((NS, b"k.raw.s0"))
+    cached = relay.origin.get((NS, b"k.raw.s0"))
     for g in range(8):  # one group every 100 ms: 0.8 s, well over 300 ms
         publish_group(pub, track, g, 4)
         await until(lambda g=g: cached.group_closed(g))  # type: ignore[misc]
@@ -207,7 +207,7 @@ async def test_objects_age_out_one_by_one_while_the_track_is_fed(env: Env) -> No
     await pub.wait_closed()
     # the publication (complete) is kept at most until its last object aged out
     assert await watch.next(3) == (False, NS)
-    await until(lambda: relay.cache.get((NS, b"k.raw.s0")) is None, 2)
+    await until(lambda: relay.origin.get((NS, b"k.raw.s0")) is None, 2)
     assert relay.metrics.get("kvcs_relay_cache_evictions_total", reason="age") == 1
     assert not relay.namespaces.retained
 

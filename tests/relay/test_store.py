@@ -73,7 +73,7 @@ async def test_restarted_relay_serves_its_stored_publications(env: Env, tmp_path
     assert again.metrics.get("kvcs_relay_store_loads_total") == 3
     assert again.metrics.get("kvcs_relay_cache_misses_total") == 0  # nobody asked upstream
     # the MAX_CACHE_DURATION property came back with the objects
-    assert again.cache.get((NS, b"k.raw.s0")).max_cache_duration_ms == 600_000
+    assert again.origin.get((NS, b"k.raw.s0")).max_cache_duration_ms == 600_000
 
 
 async def test_corrupt_file_is_skipped_and_logged(env: Env, tmp_path: Path,

@@ -92,7 +92,7 @@ async def test_tree_one_cache(env: Env) -> None:
     assert await w4.next(5) == (True, NS)
     for name in NAMES:
         await _fetch(c4, name)
-    assert root.cache.get((NS, b"v.raw.s0")).complete
+    assert root.origin.get((NS, b"v.raw.s0")).complete
     # one copy of each track on each link: V went up from edge 1 once, for edge 4
     assert _link(e4, "bytes_in", _up(e4)) == 3 * TRACK_BYTES
     assert _link(e1, "bytes_out", _up(e1)) == 3 * TRACK_BYTES
@@ -162,7 +162,7 @@ async def test_three_levels(env: Env) -> None:
     assert await watch.next(5) == (True, NS)
     await _fetch(w, b"k.raw.s0")
     for relay in (edge_a, mid, root, edge_b):  # each hop holds a copy
-        track = relay.cache.get((NS, b"k.raw.s0"))
+        track = relay.origin.get((NS, b"k.raw.s0"))
         assert track is not None and track.complete and track.bytes == TRACK_BYTES
     assert _link(edge_a, "bytes_out", _up(edge_a)) == TRACK_BYTES
     assert _link(mid, "bytes_out", _up(mid)) == TRACK_BYTES
@@ -190,7 +190,7 @@ async def test_join_mid_layer_shares_the_upstream_subscription(env: Env) -> None
     publish_group(pub, track, 0, PER_GROUP, SIZE)
     for o in range(PER_GROUP // 2):
         pub.publish(track, 1, o, payload(1, o, SIZE))
-    await until(lambda: (c := e2.cache.get((NS, b"k.raw.s0"))) is not None
+    await until(lambda: (c := e2.origin.get((NS, b"k.raw.s0"))) is not None
                 and c.get(Location(1, PER_GROUP // 2 - 1)) is not None)
     s2 = await second.subscribe(NS, b"k.raw.s0", location_filter=NEXT, fill=WHOLE)
     t2 = asyncio.create_task(s2.collect(timeout=15))

@@ -163,6 +163,25 @@ def test_fetch_descending_group_order() -> None:
     assert of_type(evs, ev.DataStreamEnded)[0].reset_code is None
 
 
+def test_a_finished_fetch_does_not_keep_its_track() -> None:
+    """Once its stream ended, a cursor lets go of its track: a publisher that hands each
+    publication over to a relay and forgets it kept every track it ever served (a soak's
+    kvcs-allocated bytes grew by 47-90 MB over 105 cycles: tests/faults/test_soak.py)."""
+    import gc
+    import weakref
+
+    s = Served()  # max_cursors 0: no limit, as a publisher's endpoint
+    _fill(s.track, range(3), 3)
+    s.p.client.fetch(NS, b"t", wire.Parameters(
+        location_filter=wire.LocationFilter.absolute_range(0, 0, 2, 2)))
+    evs = s.run()
+    assert len(locs(evs)) == 9 and of_type(evs, ev.DataStreamEnded)
+    ref = weakref.ref(s.track)
+    s.track = Track(NS, b"other", origin=True)
+    gc.collect()
+    assert ref() is None
+
+
 # ------------------------------------------------------------------------ priorities
 
 
