@@ -669,7 +669,7 @@ class TrackServer:
                     # ends there (only status objects after it) then ends in this call,
                     # and its FIN leaves with the last object's bytes: a FIN in a STREAM
                     # frame of its own that is lost while earlier bytes of the stream are
-                    # unacknowledged is never resent by qh3 2.1 (docs/transport.md)
+                    # unacknowledged is never resent by qh3 2.1 (docs/reliability.md)
                     cur.obj = obj.object_id
                     cur.blocked = True
                     self._blocked[cur.stream_id] = cur

@@ -127,7 +127,7 @@ class SendScheduler:
                 # the FIN rides on the last chunk still queued: QUIC sends it in the STREAM
                 # frame that carries the stream's last bytes. A FIN in a frame of its own
                 # is never resent by qh3 2.1 if that frame is lost while earlier bytes of
-                # the stream are unacknowledged (docs/transport.md, "qh3 and lost FINs")
+                # the stream are unacknowledged (docs/reliability.md, "qh3 and lost FINs")
                 queue.chunks[-1] = (queue.chunks[-1][0], True)
                 return
         queue.chunks.append((view, end))

@@ -23,7 +23,7 @@ from .config import ALPN_H3, ALPN_MOQT, MIN_DATAGRAM_SIZE, QuicSettings
 from .connection import MoqtConnection
 from .interfaces import SessionFactory, SessionHook
 from .quic import adapter
-from .quic.base import NetworkAddress, QuicAdapter
+from .quic.base import NetworkAddress, QuicAdapter, split_segments
 from .udp import UdpSocket, udp_socket
 
 logger = logging.getLogger(__name__)
@@ -102,8 +102,7 @@ class _Listener:
             conn.segments_received(buffer, segment_size, addr)
             self._pending[conn] = None
             return
-        self.datagrams_received(
-            [buffer[i:i + segment_size] for i in range(0, len(buffer), segment_size)], addr)
+        self.datagrams_received(split_segments(buffer, segment_size), addr)
 
     def receive_done(self) -> None:
         pending, self._pending = self._pending, {}

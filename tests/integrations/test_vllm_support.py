@@ -166,10 +166,11 @@ def test_whole_loads_first_only_where_the_forward_pass_shares_the_transfer_cores
 
     from kvcs.integrations import vllm as connector
 
-    if not current_platform.is_cpu():
-        pytest.skip("vLLM's CPU backend only")
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
     monkeypatch.setattr(connector.os, "sched_getaffinity", lambda pid: {0, 1})
     assert connector._shares_transfer_cores([1])  # nothing bound (vLLM in-process)
     assert connector._shares_transfer_cores([])  # the transfer thread is not pinned
     monkeypatch.setattr(connector.os, "sched_getaffinity", lambda pid: {0})
     assert not connector._shares_transfer_cores([1])  # vLLM bound the forward pass to 0
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    assert not connector._shares_transfer_cores([0])  # a GPU's forward pass: never

@@ -34,6 +34,7 @@ from .base import (
     PacketHeader,
     QuicConnectionAPI,
     StreamSendView,
+    split_segments,
 )
 
 if TYPE_CHECKING:
@@ -217,8 +218,8 @@ class AioquicAdapter:
 
     def receive_segments(self, quic: QuicConnectionAPI, buffer: bytes, segment_size: int,
                          addr: NetworkAddress, now: float) -> None:
-        for offset in range(0, len(buffer), segment_size):
-            quic.receive_datagram(buffer[offset:offset + segment_size], addr, now)
+        for data in split_segments(buffer, segment_size):
+            quic.receive_datagram(data, addr, now)
 
     def idle_timeout(self, quic: QuicConnectionAPI) -> float:
         ours = float(quic.configuration.idle_timeout or 0)

@@ -21,6 +21,12 @@ NetworkAddress = Any
 """A socket address as the libraries take it: ``(host, port)`` or IPv6 4-tuple."""
 
 
+def split_segments(buffer: bytes, segment_size: int) -> list[bytes]:
+    """The datagrams of a GRO buffer: ``segment_size`` bytes each, the last possibly
+    shorter (where a library or a router cannot take the buffer whole)."""
+    return [buffer[i:i + segment_size] for i in range(0, len(buffer), segment_size)]
+
+
 class QuicConnectionAPI(Protocol):
     """The public sans-IO surface of ``QuicConnection`` shared by qh3 and aioquic."""
 
