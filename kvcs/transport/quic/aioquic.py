@@ -6,7 +6,9 @@ and lets :class:`~kvcs.transport.QuicSettings` pick the congestion controller: a
 ``reno`` and ``cubic``, or kvcs's model-based ``bbr`` (:mod:`kvcs.transport.quic.bbr`,
 with its own pacer in place of aioquic's). ACKs are processed by
 :class:`~kvcs.transport.quic.aioquic_recovery.AckRecovery` (aioquic's, without a copy of
-every packet in flight per ACK). Those reads
+every packet in flight per ACK) and packets are written by
+:class:`~kvcs.transport.quic.aioquic_send.QuicConnection` (aioquic's, its per-packet
+stream loops narrowed to the streams that can write). Those reads
 use aioquic 1.x internals; :class:`AioquicAdapter` checks they exist when it is made and
 refuses an aioquic without them.
 """
@@ -29,7 +31,7 @@ from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation,
 from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from . import aioquic_recovery, bbr, shared
+from . import aioquic_recovery, aioquic_send, bbr, shared
 from .base import (
     H3ConnectionAPI,
     NetworkAddress,
@@ -154,6 +156,11 @@ class AioquicAdapter:
             (QuicConnection(configuration=QuicConfiguration())._loss, "_pacer"),
             *((QuicConnection(configuration=QuicConfiguration())._loss, name)
               for name in aioquic_recovery.REQUIRED),
+            *((QuicConnection(configuration=QuicConfiguration()), name)
+              for name in aioquic_send.REQUIRED),
+            (stream, "max_stream_data_local"), (stream.sender, "buffer_is_empty"),
+            (stream.sender, "reset_pending"), (stream.receiver, "stop_pending"),
+            (stream, "is_finished"),
         ) if not hasattr(owner, name)]
         if missing:
             raise ImportError(f"aioquic {self.version} lacks {', '.join(missing)}, which "
@@ -187,11 +194,11 @@ class AioquicAdapter:
 
     def client_connection(self, configuration: QuicConfiguration,
                           settings: QuicSettings) -> QuicConnectionAPI:
-        return self._tuned(QuicConnection(configuration=configuration), settings)
+        return self._tuned(aioquic_send.QuicConnection(configuration=configuration), settings)
 
     def server_connection(self, configuration: QuicConfiguration, settings: QuicSettings,
                           original_destination_cid: bytes) -> QuicConnectionAPI:
-        return self._tuned(QuicConnection(
+        return self._tuned(aioquic_send.QuicConnection(
             configuration=configuration,
             original_destination_connection_id=original_destination_cid), settings)
 
