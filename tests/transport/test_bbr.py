@@ -19,6 +19,7 @@ from aioquic.tls import Epoch
 from kvcs.transport import QuicSettings
 from kvcs.transport.quic.bbr import (
     CWND_GAIN,
+    INITIAL_WINDOW_PACKETS,
     MIN_WINDOW_PACKETS,
     STARTUP_GAIN,
     BbrCongestionControl,
@@ -131,6 +132,29 @@ def test_an_idle_start_does_not_end_startup() -> None:
         Mode.STARTUP] * sum(1 for t, *_ in path.trace if t < 1.0)
     assert 0.85 * RATE <= cc.btl_bw <= 1.1 * RATE
     assert _modes(path.trace)[:3] == [Mode.STARTUP, Mode.DRAIN, Mode.PROBE_BW]
+
+
+def test_an_idle_start_keeps_the_initial_pacing_rate() -> None:
+    """The trickle before the data measures a bandwidth of one packet per round trip;
+    STARTUP still paces at least at its gain on the initial window over the RTT, so the
+    data's first round trips go at the initial window's rate (paced at 2.89 times the
+    trickle, the first window took ~3 round trips longer to ramp up through kvcs-wanem at
+    80 ms) and the path's rate is found in about log2(BDP / initial window) rounds."""
+    rtt, rate = 0.08, 20e6  # a BDP of 1,333 packets: 7 doublings from the initial 10
+
+    def trickle_then_bulk(t: float) -> float:
+        return MSS * (1 + t / 0.04) if t < 1.0 else math.inf
+
+    cc = BbrCongestionControl(max_datagram_size=MSS)
+    Path(rate=lambda t: rate, rtt=rtt, supply=lambda t: MSS * (1 + t / 0.04)).run(cc, 1.0)
+    assert cc.mode is Mode.STARTUP and cc.btl_bw <= 0.25 * INITIAL_WINDOW_PACKETS * MSS / rtt
+    assert cc.pacing_rate >= STARTUP_GAIN * INITIAL_WINDOW_PACKETS * MSS / rtt * 0.99
+
+    cc = BbrCongestionControl(max_datagram_size=MSS)
+    path = Path(rate=lambda t: rate, rtt=rtt, queue=2000 * MSS, supply=trickle_then_bulk)
+    path.run(cc, 2.0)
+    found = next(t for t, *_, bw in path.trace if bw >= 0.9 * rate)
+    assert found - 1.0 <= 9 * rtt  # 10.1 round trips with the trickle's pacing rate
 
 
 def test_an_idle_sender_keeps_its_model() -> None:
