@@ -28,11 +28,14 @@ class Worker:
         self.log = log
 
     @classmethod
-    async def start(cls, name: str, log_dir: Path, *args: str) -> Worker:
+    async def start(cls, name: str, log_dir: Path, *args: str,
+                    env: dict[str, str] | None = None) -> Worker:
+        """Start ``examples/vllm_worker.py`` with ``args``; ``env`` overrides :data:`ENV`."""
         log = log_dir / f"{name}.log"
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), *args, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=log.open("wb"), env=ENV, cwd=str(ROOT))
+            stdout=asyncio.subprocess.PIPE, stderr=log.open("wb"), env={**ENV, **(env or {})},
+            cwd=str(ROOT))
         return cls(name, proc, log)
 
     async def _line(self, prefix: str, timeout: float) -> str:

@@ -595,7 +595,8 @@ class KvcsConnector(KVConnectorBase_V1):
                               last_layer_s=max(load.arrival.values(), default=None),
                               waited_s=load.waited, writing_s=load.writing,
                               transfer_cpu_s=load.transfer_cpu,
-                              manifest_kept=load.manifest_kept)
+                              manifest_kept=load.manifest_kept,
+                              forward_writes=load.forward_writes)
             if failed:
                 log.warning("kvcs: request %s: %d of %d blocks failed (%s): vLLM recomputes "
                             "from block %d", spec.req_id, len(failed), spec.end - spec.first,

@@ -9,7 +9,12 @@ rewriting relay chained below it. One producer and one consumer LLM serve every 
 * a tampered object and a withheld layer each end in exactly those blocks reported for
   recompute, and identical tokens;
 * a miss costs one lookup and no load;
-* a second hit of a publication reuses its checked manifest.
+* a second hit of a publication reuses its checked manifest;
+* both sides of a forward pass that shares its cores with the transfer thread (vLLM's engine
+  in the worker's process: whole loads first, written by the forward pass; layers sent
+  after the forward pass) and of one vLLM binds to its own cores (its engine in a
+  subprocess, a ``kv_both`` worker: layers used as they arrive, and sent while the next
+  one computes), the paths of a GPU host.
 
 Skipped only when vLLM is not installed (``make test`` installs it: the Makefile's vllm stamp).
 """
@@ -91,8 +96,13 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
         consumer = await Worker.start(
             "consumer", tmp, *common, "--role", "consumer", "--events", str(tmp / "c.jsonl"),
             "--relay", f"moqt://127.0.0.1:{evil.port}/")
+        # vLLM binds the OpenMP threads of an engine in its own process to their cores
+        bound = await Worker.start(
+            "bound", tmp, *common, "--role", "both", "--events", str(tmp / "b.jsonl"),
+            "--relay", f"moqt://127.0.0.1:{origin.port}/",
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
         try:
-            await asyncio.gather(producer.ready(), consumer.ready())
+            await asyncio.gather(producer.ready(), consumer.ready(), bound.ready())
             prompts = [prompt(i, PUBLISHED_BLOCKS * BLOCK + 10) for i in range(3)]
             exact = prompt(3, PUBLISHED_BLOCKS * BLOCK)  # its last block holds its last token
             for p in [*prompts, exact]:  # each returns once the relay holds the publication
@@ -110,9 +120,20 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
             out["miss"] = await consumer.generate(prompt(200, PUBLISHED_BLOCKS * BLOCK + 40))
             # the clean publication again: its manifest is known, its objects are verified
             out["clean_again"] = await consumer.generate(prompts[0] + prompt(100, 30))
+            out["events"] = read_events(tmp / "c.jsonl")
+            # bound cores: a hit of the clean publication, and a publication of its own
+            # (under a salt nothing else uses) that the consumer then reuses
+            full = prompts[0] + prompt(100, 30)
+            out["bound_hit_own"] = await bound.generate(full, cache_salt="bound-own")
+            out["bound_hit"] = await bound.generate(full)
+            fresh = prompt(300, PUBLISHED_BLOCKS * BLOCK + 10)
+            await bound.generate(fresh, cache_salt="bound")
+            out["bound_reused_own"] = await consumer.generate(fresh, cache_salt="another-tenant")
+            out["bound_reused"] = await consumer.generate(fresh, cache_salt="bound")
         finally:
-            await asyncio.gather(producer.close(), consumer.close())
-    out["events"] = read_events(tmp / "c.jsonl")
+            await asyncio.gather(producer.close(), consumer.close(), bound.close())
+    out["events_all"] = read_events(tmp / "c.jsonl")
+    out["bound_events"] = read_events(tmp / "b.jsonl")
     return out
 
 
@@ -182,3 +203,24 @@ def test_miss_costs_one_lookup_and_no_load(run: dict[str, Any]) -> None:
     assert [e["round_trips"] for e in lookups] == [1] + [0] * 9  # the salted scope's first
     assert lookups[-2]["blocks"] == 0  # the miss (the last one is the clean prompt again)
     assert len(_loads(run)) == 5  # the hits only
+
+
+def test_shared_and_bound_cores(run: dict[str, Any]) -> None:
+    """In-process engines share their cores with the transfer thread: the producer sent
+    its layers after the forward pass, the consumer's forward pass wrote whole loads. The
+    bound worker used each layer as it arrived and sent each while the next computed, with
+    the same tokens, and the consumer reused its publication."""
+    assert all(e["deferred"] for e in run["published"])
+    assert all(e["forward_writes"] for e in _loads(run))
+    bound = run["bound_events"]
+    assert [e["forward_writes"] for e in bound if e["event"] == "load"] == [False]
+    published = [e for e in bound if e["event"] == "publish"]
+    # its own prefills publish (kv_both): the one under "bound-own" and the fresh prompt
+    assert len(published) == 2 and not any(e["deferred"] for e in published)
+    assert all(e.get("blocks") == PUBLISHED_BLOCKS for e in published)
+    assert run["bound_hit"]["tokens"] == run["bound_hit_own"]["tokens"]
+    assert run["bound_hit"]["num_cached_tokens"] == PUBLISHED_BLOCKS * BLOCK
+    assert run["bound_reused"]["tokens"] == run["bound_reused_own"]["tokens"]
+    assert run["bound_reused"]["num_cached_tokens"] == PUBLISHED_BLOCKS * BLOCK
+    last = [e for e in run["events_all"] if e["event"] == "load"][-1]
+    assert last["failed_blocks"] == []
