@@ -15,7 +15,9 @@ Producer (``kv_producer``/``kv_both``): once a step completes a prompt's prefill
 ``save_kv_layer`` copies each layer's blocks of the request out of the paged cache (one
 copy per layer) and hands them to a :class:`~kvcs.kvnet.publisher.KvPublisher` on a
 background event loop, which publishes them as that layer's group while the next layer is
-computed; ``wait_for_save`` returns once the relay holds every layer (publish and go).
+computed (on a CPU host whose forward pass shares its cores with the transfer thread, the
+copies are sent once the forward pass is over); ``wait_for_save`` returns once the relay
+holds every layer (publish and go).
 
 Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
 the scope's standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`, one
@@ -24,8 +26,8 @@ within the recompute budget and answers with the longest published block-aligned
 ``start_load_kv`` starts the verified retrieval of every layer, whose transfer thread
 writes each layer's verified blocks into the request's paged blocks as they arrive;
 ``wait_for_layer_load`` waits for that layer only (on a CPU host whose forward pass shares
-its cores with the transfer thread, the first call waits for every layer: the two only
-slow each other down there).
+its cores with the transfer thread, the first call waits for every layer and writes them
+itself: the two only slow each other down there).
 Blocks that fail verification or miss the budget are returned by
 ``get_block_ids_with_load_errors``; with ``kv_load_failure_policy="recompute"`` vLLM
 recomputes from the first of them.
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import re
 import threading
 import time
@@ -169,6 +172,15 @@ class _Load:
         ran meanwhile included)."""
         self.manifest_kept = False
         """The publication's manifest was known from an earlier load (not read again)."""
+        self.forward_writes = False
+        """The forward pass writes the verified layers into the paged cache (it waits for
+        all of them anyway, on shared cores): the transfer thread only hands them over
+        through :attr:`verified`."""
+        self.verified: queue.SimpleQueue[tuple[int, np.ndarray, np.ndarray] | None] = (
+            queue.SimpleQueue())
+        """Verified layers for the forward pass to write; None: the retrieval ended."""
+        self.handed: set[int] = set()
+        """Layers put into :attr:`verified` (the transfer thread's own record)."""
 
     def release(self) -> None:
         """The retrieval or the forward pass is done with :attr:`staging`: after both,
@@ -196,6 +208,9 @@ class _Save:
         self.queue: asyncio.Queue[tuple[int, np.ndarray, np.ndarray] | None] = asyncio.Queue()
         self.future: Any = None
         self.layers = 0
+        self.held: list[tuple[int, np.ndarray, np.ndarray]] = []
+        """Layers copied out during the forward pass, sent once it is over (shared
+        cores: :attr:`KvcsConnector._shared_cores`)."""
 
 
 # --------------------------------------------------------------------------- connector
@@ -237,9 +252,11 @@ class KvcsConnector(KVConnectorBase_V1):
         self._staging = StagingPool(self.descriptor)
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._kv_by_index: dict[int, torch.Tensor] = {}
-        self._whole_load_first = False
-        """The forward pass waits for every layer of a load before its first layer (it
-        shares its cores with the transfer: :func:`_shares_transfer_cores`)."""
+        self._shared_cores = False
+        """The forward pass shares its cores with the transfer thread
+        (:func:`_shares_transfer_cores`): a load's first layer waits for every layer, which
+        the forward pass writes itself, and a save sends its layers after the forward
+        pass (the two only slow each other down there)."""
         self._layer_index: dict[str, int] = {}
         self._loads: list[_Load] = []
         self._saves: dict[str, _Save] = {}
@@ -376,10 +393,11 @@ class KvcsConnector(KVConnectorBase_V1):
         self._layer_index = {name: _layer_index(name) for name in kv_caches}
         self._kv_by_index = {self._layer_index[name]: kv for name, kv in kv_caches.items()}
         # called on the thread that runs the forward pass, bound by now if vLLM binds it
-        self._whole_load_first = _shares_transfer_cores(self._transfer_cpus)
-        log.info("kvcs: the forward pass %s", "waits for whole loads (it shares its cores "
-                 "with the transfer thread)" if self._whole_load_first else
-                 "uses each loaded layer as it arrives")
+        self._shared_cores = _shares_transfer_cores(self._transfer_cpus)
+        log.info("kvcs: the forward pass %s", "waits for whole loads and publications are "
+                 "sent after it (it shares its cores with the transfer thread)"
+                 if self._shared_cores else "uses each loaded layer as it arrives and "
+                 "publications are sent while it runs")
         if sorted(self._layer_index.values()) != list(range(self.layers)):
             raise ConnectorConfigError(
                 f"kvcs: the model has {len(kv_caches)} attention caches, not one per layer "
@@ -397,6 +415,7 @@ class KvcsConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvcsConnectorMetadata)
         for spec in meta.loads:
             load = _Load(spec, self.layers, self._staging, self.block_size)
+            load.forward_writes = self._shared_cores
             load.future = self.bg.submit(self._retrieve(load))
             self._loads.append(load)
 
@@ -432,7 +451,11 @@ class KvcsConnector(KVConnectorBase_V1):
                 async with contextlib.aclosing(layers) as it:  # type: ignore[type-var]
                     async for layer in it:
                         load.arrival[layer.index] = time.perf_counter() - load.started
-                        self._deliver(load, layer.index, layer.k, layer.v, set())
+                        if load.forward_writes:
+                            load.handed.add(layer.index)
+                            load.verified.put((layer.index, layer.k, layer.v))
+                        else:
+                            self._deliver(load, layer.index, layer.k, layer.v, set())
                 self._keep_manifest(spec.fields, consumer.manifests.get(spec.fields) or known)
         except RecomputeRequired as exc:
             self._fail_rest(load, exc.reason, exc.partial, exc.missing)
@@ -447,6 +470,7 @@ class KvcsConnector(KVConnectorBase_V1):
             self._fail_rest(load, "retrieval ended")  # no-op once every layer arrived
             if load.error == "retrieval ended":
                 load.error = None
+            load.verified.put(None)
             load.transfer_cpu = time.thread_time() - cpu
             load.release()
 
@@ -498,7 +522,7 @@ class KvcsConnector(KVConnectorBase_V1):
         blocks = set(range(load.spec.first, load.spec.end))
         load.error = load.error or reason
         for layer, event in enumerate(load.delivered):
-            if event.is_set():
+            if event.is_set() or layer in load.handed:  # (handed: the forward pass writes it)
                 continue
             got = (partial or {}).get(layer)
             if got is not None:  # verified blocks of an undelivered layer
@@ -510,19 +534,23 @@ class KvcsConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Wait until this layer's verified blocks of every load of the step are in the
         requests' paged blocks (the failed ones are load errors); where the forward pass
-        shares its cores with the transfer thread, until every layer's are (the first
-        call waits for them all)."""
+        shares its cores with the transfer thread, until every layer's are: the first call
+        writes each layer as the transfer thread hands it over (the forward pass is idle
+        then; the transfer thread, the load's bottleneck there, is not)."""
         if not self._loads:
             return
         index = self._layer_index.get(layer_name)
         if index is None:
             return
         for load in self._loads:
+            if load.forward_writes:  # shared cores: the whole load, written here
+                self._write_verified(load)
+                continue
             # on shared cores a forward pass beside the transfer costs both: its OpenMP
             # threads spin at every barrier while one of them is descheduled (85-105 ms
             # more CPU per 1920-token hit on 2 cores); run alone after the transfer, it
             # gave faster hits (fastest 0.29-0.30 s against 0.34-0.35 s, docs/vllm.md)
-            events = load.delivered if self._whole_load_first else [load.delivered[index]]
+            events = load.delivered if self._shared_cores else [load.delivered[index]]
             for event in events:
                 if event.is_set():
                     continue
@@ -530,6 +558,22 @@ class KvcsConnector(KVConnectorBase_V1):
                 t0 = time.perf_counter()
                 event.wait(self.settings.recompute_budget_s + 30)
                 load.waited += time.perf_counter() - t0
+
+    def _write_verified(self, load: _Load) -> None:
+        """Write the load's layers into the paged cache as the transfer thread hands them
+        over, until every layer is delivered or the retrieval ended."""
+        t0 = time.perf_counter()
+        deadline = t0 + self.settings.recompute_budget_s + 30
+        while not all(event.is_set() for event in load.delivered):
+            try:
+                item = load.verified.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            if item is not None:
+                self._deliver(load, *item, set())
+            elif load.verified.empty():
+                break  # the retrieval ended: what it did not hand over is delivered failed
+        load.waited += time.perf_counter() - t0
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors: set[int] = set()
@@ -563,7 +607,8 @@ class KvcsConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
         """Copy this layer's blocks of each request finishing its prefill and hand them to
-        its publisher (the forward pass goes on while they are sent)."""
+        its publisher (the forward pass goes on while they are sent; on shared cores they
+        are sent from :meth:`wait_for_save`, after the forward pass)."""
         if not self.is_producer:
             return
         meta = self._get_connector_metadata()
@@ -582,6 +627,13 @@ class KvcsConnector(KVConnectorBase_V1):
                 save.future = self.bg.submit(self._publish(save))
             k, v = self._layout.gather(kv, spec.block_ids)
             save.layers += 1
+            if self._shared_cores:
+                # sent after the forward pass: sending beside it cost both (its OpenMP
+                # threads wait at each barrier for a descheduled one); alternating on one
+                # worker, SmolLM2-135M at 2048 tokens, 2 cores: prefill until the relay held
+                # it 1-7% faster (paired medians, 31 of 50 rounds; docs/vllm.md)
+                save.held.append((index, k, v))
+                continue
             loop.call_soon_threadsafe(save.queue.put_nowait, (index, k, v))
             if save.layers == self.layers:
                 loop.call_soon_threadsafe(save.queue.put_nowait, None)
@@ -604,14 +656,21 @@ class KvcsConnector(KVConnectorBase_V1):
                 "publication": pub.namespace.publication_id.hex()}
 
     def wait_for_save(self) -> None:
-        """Return once the relay holds every layer published in this step."""
+        """Send the layers held back on shared cores; return once the relay holds every
+        layer published in this step."""
         saves, self._saves = self._saves, {}
-        for rid, save in saves.items():
-            if save.layers < self.layers:  # the forward pass skipped layers: give up
+        for save in saves.values():
+            held, save.held = save.held, []
+            for item in held:
+                self.bg.loop.call_soon_threadsafe(save.queue.put_nowait, item)
+            if held or save.layers < self.layers:  # (fewer: the forward pass skipped layers)
                 self.bg.loop.call_soon_threadsafe(save.queue.put_nowait, None)
+        t0 = time.perf_counter()
+        for rid, save in saves.items():
             try:
                 info = save.future.result(max(self.settings.recompute_budget_s, 30.0) + 30)
-                self.events.write("publish", req=rid, **info)
+                self.events.write("publish", req=rid, waited_s=time.perf_counter() - t0,
+                                  deferred=self._shared_cores, **info)
             except Exception as exc:
                 log.warning("kvcs: publishing request %s failed: %s", rid, exc)
                 self.events.write("publish", req=rid, error=str(exc))
