@@ -92,77 +92,94 @@ class CacheSpec:
                         datagram_size=self.datagram_size)
 
 
-async def _publisher_main(conn: Connection, url: str, pin: str, spec: CacheSpec) -> None:
-    ep = await Endpoint.connect(url, pin_sha256=pin, settings=quic_settings(spec.datagram_size))
-    layers = [spec.layer(i) for i in range(LAYERS)]
-    pub = KvPublisher(ep, ScopeKey.from_bytes(SCOPE), spec.desc(), spec.prompt(),
-                      spec.transfer().publisher_options())
-    await pub.start()
+async def _publisher_main(conn: Connection, url: str, pin: str,
+                          specs: tuple[CacheSpec, ...]) -> None:
+    """Publish each of ``specs`` in turn on one session (one publisher each)."""
+    ep = await Endpoint.connect(url, pin_sha256=pin,
+                                settings=quic_settings(specs[0].datagram_size))
+    for spec in specs:
+        layers = [spec.layer(i) for i in range(LAYERS)]
+        pub = KvPublisher(ep, ScopeKey.from_bytes(SCOPE), spec.desc(), spec.prompt(),
+                          spec.transfer().publisher_options())
+        await pub.start()
 
-    async def publish() -> float:
-        go = time.perf_counter()
-        for i, (k, v) in enumerate(layers):
-            await pub.put_layer(i, k, v)
-        await pub.finish()
-        return go
+        async def publish(pub: KvPublisher = pub,
+                          layers: list[tuple[np.ndarray, np.ndarray]] = layers) -> float:
+            go = time.perf_counter()
+            for i, (k, v) in enumerate(layers):
+                await pub.put_layer(i, k, v)
+            await pub.finish()
+            return go
 
-    if not spec.live:
-        await publish()
-        conn.send("published")
-    else:
-        conn.send("ready")
-        await wait_message(conn)  # go: the consumer is subscribed
-        conn.send(await publish())
+        if not spec.live:
+            await publish()
+            conn.send("published")
+        else:
+            conn.send("ready")
+            await wait_message(conn)  # go: the consumer is subscribed
+            conn.send(await publish())
+        del layers
     await wait_message(conn)  # done
     await _close(ep)
 
 
-def _publisher_process(conn: Connection, url: str, pin: str, spec: CacheSpec) -> None:
-    run_child(conn, _publisher_main(conn, url, pin, spec))
+def _publisher_process(conn: Connection, url: str, pin: str,
+                       specs: tuple[CacheSpec, ...]) -> None:
+    run_child(conn, _publisher_main(conn, url, pin, specs))
 
 
-async def _consumer_main(conn: Connection, url: str, pin: str, spec: CacheSpec) -> None:
-    ep = await Endpoint.connect(url, pin_sha256=pin, settings=quic_settings(spec.datagram_size))
+async def _consumer_main(conn: Connection, url: str, pin: str,
+                         specs: tuple[CacheSpec, ...]) -> None:
+    """Retrieve each of ``specs`` in turn on one session (one consumer each), each when
+    the parent says its publisher is ready."""
+    ep = await Endpoint.connect(url, pin_sha256=pin,
+                                settings=quic_settings(specs[0].datagram_size))
+    for spec in specs:
+        await wait_message(conn)  # next: its publisher is ready
+        conn.send(await _retrieve(conn, ep, spec))
+    await _close(ep)
+
+
+async def _retrieve(conn: Connection, ep: Endpoint, spec: CacheSpec) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     if spec.interop:  # as bench_e2e.Transfer.consumer
         kw.update(hex_namespace=True, relay_profile="moq-dev", discovery_timeout=0.5)
     # a long, lossy path is slow, not broken: no recompute within the child's deadline
-    c = KvConsumer(ep, ScopeKey.from_bytes(SCOPE), spec.desc(), spec.prompt(),
-                   recompute_budget_s=CHILD_TIMEOUT, **kw)
-    pub = await c.discover()
-    assert pub is not None, "publication not found"
-    manifest = await c.manifest(pub)
-    held = []
-    arrivals: list[float] = []
-    # completed pull: the clock starts here, as the e2e suite's (discovery and the
-    # manifest are the same small cost at any size)
-    cpu, start = time.process_time(), time.perf_counter()
+    async with KvConsumer(ep, ScopeKey.from_bytes(SCOPE), spec.desc(), spec.prompt(),
+                          recompute_budget_s=CHILD_TIMEOUT, **kw) as c:
+        pub = await c.discover()
+        assert pub is not None, "publication not found"
+        manifest = await c.manifest(pub)
+        held = []
+        arrivals: list[float] = []
+        # completed pull: the clock starts here, as the e2e suite's (discovery and the
+        # manifest are the same small cost at any size)
+        cpu, start = time.process_time(), time.perf_counter()
 
-    async def take() -> None:
-        async for layer in c.layers(pub, manifest=manifest):
-            held.append(layer)
-            arrivals.append(time.perf_counter())
+        async def take() -> None:
+            async for layer in c.layers(pub, manifest=manifest):
+                held.append(layer)
+                arrivals.append(time.perf_counter())
 
-    task = asyncio.create_task(take())
-    if spec.live:
-        await asyncio.sleep(0.3)  # subscribed (SUBSCRIBE_OK) long before this
-    conn.send("subscribed")
-    await task
-    end, cpu = time.perf_counter(), time.process_time() - cpu
-    h = hashlib.sha256()
-    for layer in sorted(held, key=lambda x: x.index):
-        h.update(layer.k.tobytes())
-        h.update(layer.v.tobytes())
-    conn.send({"start": start, "end": end, "arrivals": arrivals, "cpu_s": cpu,
-               "layers": len(held),
-               "digest": h.hexdigest(),
-               "data_bytes": sum(x.k.nbytes + x.v.nbytes for x in held),
-               "rejected": c.stats.rejected})
-    await _close(ep)
+        task = asyncio.create_task(take())
+        if spec.live:
+            await asyncio.sleep(0.3)  # subscribed (SUBSCRIBE_OK) long before this
+        conn.send("subscribed")
+        await task
+        end, cpu = time.perf_counter(), time.process_time() - cpu
+        h = hashlib.sha256()
+        for layer in sorted(held, key=lambda x: x.index):
+            h.update(layer.k.tobytes())
+            h.update(layer.v.tobytes())
+        return {"start": start, "end": end, "arrivals": arrivals, "cpu_s": cpu,
+                "layers": len(held), "digest": h.hexdigest(),
+                "data_bytes": sum(x.k.nbytes + x.v.nbytes for x in held),
+                "rejected": c.stats.rejected}
 
 
-def _consumer_process(conn: Connection, url: str, pin: str, spec: CacheSpec) -> None:
-    run_child(conn, _consumer_main(conn, url, pin, spec))
+def _consumer_process(conn: Connection, url: str, pin: str,
+                      specs: tuple[CacheSpec, ...]) -> None:
+    run_child(conn, _consumer_main(conn, url, pin, specs))
 
 
 async def move(relay_url: str, pin: str, consumer_url: str, spec: CacheSpec,
@@ -172,19 +189,36 @@ async def move(relay_url: str, pin: str, consumer_url: str, spec: CacheSpec,
     process: ``seconds`` (live: from the publisher's first layer; completed: from the
     consumer's first request), ``mib_s``, ``identical`` (every byte) and the consumer's
     report."""
-    async with child_process(_publisher_process, relay_url, pin, spec) as pub:
+    return (await move_series(relay_url, pin, consumer_url, (spec,), timeout))[0]
+
+
+async def move_series(relay_url: str, pin: str, consumer_url: str,
+                      specs: tuple[CacheSpec, ...], timeout: float = CHILD_TIMEOUT,
+                      results: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """:func:`move` for each of ``specs`` one after another on the SAME two sessions (the
+    publisher's to ``relay_url``, the consumer's to ``consumer_url``): the later ones
+    find every session and the relays' own links warm. One result per spec, appended to
+    ``results`` (if given) as each completes: a later failure keeps the earlier ones."""
+    results = [] if results is None else results
+    async with child_process(_publisher_process, relay_url, pin, specs) as pub:
         await pub.recv(timeout)  # ready (live) or published (completed)
-        async with child_process(_consumer_process, consumer_url, pin, spec) as cons:
-            await cons.recv(timeout)  # subscribed
-            go = None
-            if spec.live:
-                pub.send("go")
-                go = await pub.recv(timeout)
-            got = await cons.recv(timeout)
+        async with child_process(_consumer_process, consumer_url, pin, specs) as cons:
+            for n, spec in enumerate(specs):
+                if n:
+                    await pub.recv(timeout)  # the next one's ready or published
+                cons.send("next")
+                await cons.recv(timeout)  # subscribed
+                go = None
+                if spec.live:
+                    pub.send("go")
+                    go = await pub.recv(timeout)
+                got = await cons.recv(timeout)
+                seconds = got["end"] - (go if go is not None else got["start"])
+                results.append({
+                    **got, "seconds": seconds, "mib_s": got["data_bytes"] / MiB / seconds,
+                    "identical": got["layers"] == LAYERS and got["digest"] == _digest(spec)})
         pub.send("done")
-    seconds = got["end"] - (go if go is not None else got["start"])
-    return {**got, "seconds": seconds, "mib_s": got["data_bytes"] / MiB / seconds,
-            "identical": got["layers"] == LAYERS and got["digest"] == _digest(spec)}
+    return results
 
 
 @functools.lru_cache(maxsize=8)

@@ -38,11 +38,12 @@ runs some profiles only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 from typing import Any
 
-from bench._kvcache import CacheSpec, move, tokens_for
+from bench._kvcache import CacheSpec, move_series, tokens_for
 from bench._quic import ETHERNET_DATAGRAM, QUIC_LIBRARY
 from bench._relays import MOQDEV_DATAGRAM, RelayProcess, moqdev_available, relay_process
 from bench.wanem import PROFILES, ForwarderUnavailable, Link, WanForwarder, blast, build
@@ -73,7 +74,12 @@ SIZE_ENV = "KVCS_BENCH_WAN_MIB"
 RUN_TIMEOUT = 170.0
 """Seconds each wait of a run may take (below the children's own deadline)."""
 HEADLINE = (80, 0.001)
-"""The profile of ``wan_ratio_vs_moqdev``."""
+"""The profile of ``wan_ratio_vs_moqdev`` and ``wan_warm_ratio_vs_moqdev``."""
+WARM_PROFILES = ((80, 0.001), (80, 0.01))
+"""Profiles whose headline kvcs configuration and moq-dev run also measure a WARM
+transfer: a second cache of the same size through the same relays and sessions."""
+WARM_TOKEN_OFFSET = 1_000_000
+"""The warm cache's prompt starts this far after the cold one's (a different cache)."""
 
 CONGESTION_CONTROL = {
     "qh3": "one built-in controller, not selectable: qh3 2.1.0's QuicConfiguration has no "
@@ -98,12 +104,44 @@ def _port(relay: RelayProcess) -> int:
     return int(relay.url.rsplit(":", 1)[1].strip("/"))
 
 
+def _specs(spec: CacheSpec, warm: bool) -> tuple[CacheSpec, ...]:
+    """The cold cache, then (``warm``) a second one of the same size."""
+    if not warm:
+        return (spec,)
+    return spec, dataclasses.replace(spec, first_token=spec.first_token + WARM_TOKEN_OFFSET)
+
+
+async def _series(relay_url: str, pin: str, consumer_url: str, spec: CacheSpec,
+                  warm: bool) -> dict[str, Any]:
+    """The cold transfer, then (``warm``) the warm one on the same sessions: a warm
+    failure is ``warm_error`` beside the cold figures."""
+    got: list[dict[str, Any]] = []
+    try:
+        await move_series(relay_url, pin, consumer_url, _specs(spec, warm), RUN_TIMEOUT, got)
+    except Exception as exc:
+        if not got:
+            raise
+        return {**_result(got), "warm_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return _result(got)
+
+
+def _result(got: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cold transfer's figures, and the warm one's as ``warm_*``."""
+    out: dict[str, Any] = {}
+    for prefix, r in zip(("", "warm_"), got, strict=False):
+        out.update({f"{prefix}mib_s": round(r["mib_s"], 2),
+                    f"{prefix}seconds": round(r["seconds"], 2),
+                    f"{prefix}identical": r["identical"], f"{prefix}rejected": r["rejected"]})
+    return out
+
+
 async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
-               seed: int, config: str = KVCS_CONFIG) -> dict[str, Any]:
+               seed: int, config: str = KVCS_CONFIG, warm: bool = False) -> dict[str, Any]:
     """One live transfer through a fresh relay of ``kind`` (kvcs: on ``config``) and a
-    fresh forwarder."""
+    fresh forwarder; ``warm``: then a second cache through the same relay, forwarder and
+    sessions (the consumer's crosses the long path)."""
     if kind == "kvcs" and config.startswith(TREE):
-        return await _tree(cert_dir, rtt, loss, spec, seed, config[len(TREE):])
+        return await _tree(cert_dir, rtt, loss, spec, seed, config[len(TREE):], warm)
     size, library, controller = None, None, None
     if kind == "kvcs":
         size = spec.datagram_size
@@ -113,20 +151,20 @@ async def _one(kind: str, cert_dir: str, rtt: int, loss: float, spec: CacheSpec,
         link = Link.profile(rtt, loss)
         async with WanForwarder("127.0.0.1", _port(relay), seed=seed, up=link,
                                 down=link) as wan:
-            got = await move(relay.url, relay.pin, f"moqt://127.0.0.1:{wan.port}/", spec,
-                             RUN_TIMEOUT)
+            got = await _series(relay.url, relay.pin, f"moqt://127.0.0.1:{wan.port}/",
+                                spec, warm)
         down, up = wan.down_counters, wan.up_counters
-    return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
-            "identical": got["identical"], "rejected": got["rejected"],
-            "lost_down": down.lost, "lost_up": up.lost, "datagrams_down": down.datagrams_in}
+    return {**got, "lost_down": down.lost, "lost_up": up.lost,
+            "datagrams_down": down.datagrams_in}
 
 
 async def _tree(cert_dir: str, rtt: int, loss: float, spec: CacheSpec, seed: int,
-                transport: str) -> dict[str, Any]:
+                transport: str, warm: bool = False) -> dict[str, Any]:
     """The cache across sites as the design runs it: publisher -> the publisher site's
     relay -> its upstream link, on ``transport`` (``library[:controller]``), through the
     forwarder -> the consumer site's relay -> consumer. Both relays run this process's
-    library; the data crosses the path upward (``up`` counters)."""
+    library; the data crosses the path upward (``up`` counters). ``warm``: then a second
+    cache over the same upstream session (relay A keeps it up between caches)."""
     size = spec.datagram_size
     with relay_process("kvcs", cert_dir, datagram_size=size) as far:
         link = Link.profile(rtt, loss)
@@ -135,11 +173,10 @@ async def _tree(cert_dir: str, rtt: int, loss: float, spec: CacheSpec, seed: int
             with relay_process("kvcs", cert_dir, datagram_size=size,
                                upstream=f"moqt://127.0.0.1:{wan.port}/",
                                upstream_transport=transport) as near:
-                got = await move(near.url, near.pin, far.url, spec, RUN_TIMEOUT)
+                got = await _series(near.url, near.pin, far.url, spec, warm)
         down, up = wan.down_counters, wan.up_counters
-    return {"mib_s": round(got["mib_s"], 2), "seconds": round(got["seconds"], 2),
-            "identical": got["identical"], "rejected": got["rejected"],
-            "lost_down": down.lost, "lost_up": up.lost, "datagrams_up": up.datagrams_in}
+    return {**got, "lost_down": down.lost, "lost_up": up.lost,
+            "datagrams_up": up.datagrams_in}
 
 
 def main() -> dict[str, Any]:
@@ -164,6 +201,7 @@ def main() -> dict[str, Any]:
     note = None if moqdev else "moq-ffi not installed (the interop extra): kvcs relay only"
     goodput: dict[str, Any] = {}
     identical = True
+    warm_identical: bool | None = None
     with tempfile.TemporaryDirectory() as cert_dir:
         ensure_dev_certificate(cert_dir)
         for n, (rtt, loss) in enumerate(profiles):
@@ -173,6 +211,7 @@ def main() -> dict[str, Any]:
             row: dict[str, Any] = {"rtt_ms": rtt, "loss": loss,
                                    "mib": round(spec.nbytes / (1 << 20), 1),
                                    "kvcs_config": configs[0]}
+            warm_row = (rtt, loss) in WARM_PROFILES
             runs = [("kvcs", c) for c in configs] + ([("moq-dev", "")] if moqdev else [])
             for kind, config in runs:
                 name = "kvcs" if kind == "kvcs" else "moqdev"
@@ -180,12 +219,19 @@ def main() -> dict[str, Any]:
                     "kvcs_others", {}).setdefault(config, {})
                 try:
                     r = asyncio.run(_one(kind, cert_dir, rtt, loss, spec, seed=28 + n,
-                                         config=config or KVCS_CONFIG))
+                                         config=config or KVCS_CONFIG,
+                                         warm=warm_row and out is row))
                 except Exception as exc:  # a stack that fails a profile is a result
                     out[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     identical = False
+                    if warm_row and out is row:
+                        warm_identical = False
                     continue
                 identical = identical and r["identical"]
+                if "warm_identical" in r:
+                    warm_identical = r["warm_identical"] and warm_identical is not False
+                elif "warm_error" in r:
+                    warm_identical = False
                 out.update({f"{name}_{k}": v for k, v in r.items()})
                 if out is not row:
                     print(f"    ({config}: {r['mib_s']:.2f} MiB/s"
@@ -197,6 +243,13 @@ def main() -> dict[str, Any]:
                               if name + "_mib_s" in row else f"{name} failed"
                               for name in ("kvcs", "moqdev") if any(
                                   k.startswith(name) for k in row)), flush=True)
+            if warm_row:
+                print("      warm: " + ", ".join(
+                    f"{name} {row[name + '_warm_mib_s']:7.2f} MiB/s"
+                    + ("" if row[name + "_warm_identical"] else " (BYTES DIFFER)")
+                    if name + "_warm_mib_s" in row else f"{name} no warm figure"
+                    for name in ("kvcs", "moqdev") if any(
+                        k.startswith(name) for k in row)), flush=True)
     res: dict[str, Any] = {
         "wan_goodput": goodput, "wan_identical": identical,
         "wan_datagram_size": ETHERNET_DATAGRAM, "wan_moqdev_datagram_size": MOQDEV_DATAGRAM,
@@ -207,6 +260,11 @@ def main() -> dict[str, Any]:
     head = goodput.get(_key(*HEADLINE), {})
     if head.get("kvcs_mib_s") and head.get("moqdev_mib_s"):
         res["wan_ratio_vs_moqdev"] = round(head["kvcs_mib_s"] / head["moqdev_mib_s"], 2)
+    if head.get("kvcs_warm_mib_s") and head.get("moqdev_warm_mib_s"):
+        res["wan_warm_ratio_vs_moqdev"] = round(
+            head["kvcs_warm_mib_s"] / head["moqdev_warm_mib_s"], 2)
+    if warm_identical is not None:
+        res["wan_warm_identical"] = warm_identical
     if note:
         res["wan_note"] = note
     print(f"  bytes identical under every profile: {identical}")

@@ -172,6 +172,11 @@ FIGURES: tuple[Figure, ...] = (
            Target(">=", 1.5), "{wan_goodput[rtt80_loss0.001][kvcs_mib_s]:.1f} vs "
                               "{wan_goodput[rtt80_loss0.001][moqdev_mib_s]:.1f} MiB/s; bytes "
                               "identical under every profile: {wan_identical}"),
+    Figure("wan_warm_ratio_vs_moqdev", "wan",
+           "the same, warm: a second cache on the same relays and sessions", "", 2,
+           detail="{wan_goodput[rtt80_loss0.001][kvcs_warm_mib_s]:.1f} vs "
+                  "{wan_goodput[rtt80_loss0.001][moqdev_warm_mib_s]:.1f} MiB/s; bytes "
+                  "identical: {wan_warm_identical}"),
     Figure("mooncake_ratio", "mooncake",
            "KVCS completed pull from a relay / Mooncake Store TCP get, 32 KiB objects", "", 2,
            Target(">=", 1.0), "{mooncake_32k[kvcs][mib_s]:.0f} vs "
