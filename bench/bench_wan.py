@@ -33,6 +33,18 @@ forwarder's loss counts), ``wan_ratio_vs_moqdev`` (kvcs / moq-dev at 80 ms and 0
 own capacity (a 1 s raw UDP blast), the kvcs configuration (``wan_kvcs_config``) and the
 congestion control each QUIC library offers. ``KVCS_BENCH_WAN_PROFILES=80:0.001,20:0.01``
 runs some profiles only.
+
+WARM (:data:`WARM_PROFILES`: 80 ms at 0.1% and 1%): after the cold transfer, the headline
+kvcs configuration and moq-dev's relay each carry a second cache of the same size (another
+prompt) through the same relays, forwarder and sessions, timed and checked the same way
+(``bench._kvcache.move_series``): ``{kvcs,moqdev}_warm_*`` in the row (``*_warm_error`` if
+the warm one fails), ``wan_warm_ratio_vs_moqdev`` (kvcs / moq-dev warm at 80 ms and 0.1%,
+no target: the cold ratio stays the headline) and ``wan_warm_identical``. What stays up is
+what crosses the long path: for ``tree:...``, relay A's upstream session to relay B; for
+moq-dev, the consumer's session to its relay. A deployment's link between sites is such a
+long-lived session carrying cache after cache, so the warm figure is its steady case; the
+cold one is a link's first cache. The forwarder's loss counts of these rows cover both
+transfers (it reports them when it stops).
 """
 
 from __future__ import annotations
