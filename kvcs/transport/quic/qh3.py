@@ -81,7 +81,13 @@ def _patch_datagrams_to_send() -> None:
     heavy fan-out), loses every datagram already taken from the core in that call: the
     peer never sees them and loss recovery must resend them. Keep what was built and
     stop at the failure; the next transmit polls again. Skip qh3's per-datagram logging
-    calls without a QUIC logger (they parse each packet header: ~1 us per datagram)."""
+    calls without a QUIC logger (they parse each packet header: ~1 us per datagram).
+
+    Its core also raises ValueError ("reserved stream is missing", then "another stream
+    reservation is already active") when ACKs arrive late in bursts, and from then on
+    never sends the rest of some streams (docs/reliability.md, "qh3 and stream
+    reservations"): that is logged as a WARNING (it was a silent stall), and what was
+    built before it is kept as well."""
     cls = qh3_connection.QuicConnection
     if getattr(cls.datagrams_to_send, "_kvcs_patched", False):
         return
@@ -100,6 +106,13 @@ def _patch_datagrams_to_send() -> None:
                     raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None,
                                               str(exc)) from exc
                 logger.debug("qh3 poll_transmit: %s (kept %d datagrams)", exc, len(datagrams))
+                break
+            except ValueError as exc:  # the core's stream-reservation errors
+                logger.warning("qh3 poll_transmit: %s (kept %d datagrams); qh3 2.1 may "
+                               "never send the rest of a stream now (docs/reliability.md, "
+                               "\"qh3 and stream reservations\")", exc, len(datagrams))
+                if not datagrams:
+                    raise
                 break
             if transmit is None:
                 break
