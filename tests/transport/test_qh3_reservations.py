@@ -2,7 +2,8 @@
 then "another stream reservation is already active") when a sender's ACKs arrive late in
 bursts, and from then on never sends the rest of some streams (docs/reliability.md, "qh3
 and stream reservations"). kvcs's ``datagrams_to_send`` (kvcs/transport/quic/qh3.py)
-keeps the datagrams built before the error and logs it as a WARNING.
+keeps the datagrams built before the error, logs it as a WARNING and closes the connection
+(INTERNAL_ERROR), so that the session ends instead of waiting on a stream forever.
 
 A qh3 client and server in memory, no datagram lost: the server's datagrams (its ACKs and
 credit) are held back for a seeded number of rounds and delivered together, as a sender
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass, field
 
 import pytest
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection
+from qh3.quic.events import ConnectionTerminated, QuicEvent
+from qh3.quic.packet import QuicErrorCode
 
 from kvcs.transport import DevCertificate
 from kvcs.transport.quic import qh3 as kvcs_qh3
@@ -26,9 +30,17 @@ CLIENT, SERVER = ("10.0.0.1", 4433), ("10.0.0.2", 4433)
 SEED = 6
 
 
-def _late_acks(cert: DevCertificate, seed: int) -> int:
-    """Send 100 streams of up to 32 KiB with FINs under late ACKs; return how many
-    ``datagrams_to_send`` calls raised (the core's error with nothing built before it)."""
+@dataclass
+class _Run:
+    raised: int = 0
+    """``datagrams_to_send`` calls that raised."""
+    ended: dict[str, ConnectionTerminated] = field(default_factory=dict)
+    """Each side's end of the connection ("client", "server"), if it ended."""
+
+
+def _late_acks(cert: DevCertificate, seed: int) -> _Run:
+    """Send 100 streams of up to 32 KiB with FINs under late ACKs, then let ACKs come
+    promptly for 2 s."""
     assert kvcs_qh3.apply_patches()
     rng = random.Random(seed)
     client_config = QuicConfiguration(is_client=True, alpn_protocols=["x"],
@@ -43,15 +55,21 @@ def _late_acks(cert: DevCertificate, seed: int) -> int:
     server = QuicConnection(configuration=server_config,
                             original_destination_connection_id=(
                                 client.original_destination_connection_id))
-    now, held, raised = 0.0, [], 0
+    now, held, run = 0.0, [], _Run()
+
+    def drain(name: str, conn: QuicConnection) -> None:
+        event: QuicEvent | None
+        while (event := conn.next_event()) is not None:
+            if isinstance(event, ConnectionTerminated):
+                run.ended.setdefault(name, event)
 
     def step(dt: float, late: bool) -> None:
-        nonlocal now, raised
+        nonlocal now
         now += dt
         try:
             out = client.datagrams_to_send(now=now)
         except ValueError:
-            raised += 1
+            run.raised += 1
             out = []
         for data, _ in out:
             server.receive_datagram(data, CLIENT, now=now + 0.001)
@@ -64,10 +82,8 @@ def _late_acks(cert: DevCertificate, seed: int) -> int:
             timer = conn.get_timer()
             if timer is not None and timer <= now + 0.002:
                 conn.handle_timer(now=now + 0.002)
-        while server.next_event() is not None:
-            pass
-        while client.next_event() is not None:
-            pass
+        drain("server", server)
+        drain("client", client)
 
     for _ in range(10):  # the handshake
         step(0.001, late=False)
@@ -82,16 +98,21 @@ def _late_acks(cert: DevCertificate, seed: int) -> int:
             step(0.0005, late=True)
     for _ in range(500):
         step(0.002, late=True)
-    return raised
+    for _ in range(1000):  # prompt ACKs again
+        step(0.002, late=False)
+    return run
 
 
-def test_a_stream_reservation_error_keeps_the_datagrams_built(
+def test_a_stream_reservation_error_keeps_the_datagrams_built_and_closes(
         cert: DevCertificate, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger=kvcs_qh3.logger.name):
-        raised = _late_acks(cert, SEED)
+        run = _late_acks(cert, SEED)
     warnings = [r.getMessage() for r in caplog.records if r.name == kvcs_qh3.logger.name
                 and r.levelno == logging.WARNING and "reserv" in r.getMessage()]
     assert warnings  # qh3 2.1's core error happened (see the module docstring)
     kept = [w for w in warnings if "(kept 0 datagrams)" not in w]
     assert kept  # ... after datagrams were built in the same call: returned, not lost
-    assert raised == len(warnings) - len(kept)  # only a call that built none raises
+    assert run.raised == 0  # what was built is returned, the error is not raised
+    # the connection ends on both sides with the error, not with a stream stuck forever
+    assert run.ended["client"].error_code == QuicErrorCode.INTERNAL_ERROR
+    assert run.ended["server"].reason_phrase == kvcs_qh3.STREAM_RESERVATION_ERROR
