@@ -17,21 +17,14 @@ from aioquic.quic.connection import QuicConnection as AioquicConnection
 from kvcs.transport import DevCertificate
 from kvcs.transport.quic.aioquic_send import QuicConnection
 
-CLIENT, SERVER = ("10.0.0.1", 4433), ("10.0.0.2", 4433)
+from .memory_pair import CLIENT, SERVER, connection_pair
 
 
 def _pair(cls: type[AioquicConnection], cert: DevCertificate) -> tuple[Any, Any]:
     options: dict[str, Any] = dict(alpn_protocols=["x"], max_datagram_size=1452,
                                    max_data=1 << 24, max_stream_data=1 << 20)
-    client_config = QuicConfiguration(is_client=True, **options)
-    client_config.verify_mode = 0
-    server_config = QuicConfiguration(is_client=False, **options)
-    server_config.load_cert_chain(str(cert.certfile), str(cert.keyfile))
-    client = cls(configuration=client_config)
-    client.connect(SERVER, now=0.0)
-    server = AioquicConnection(configuration=server_config,
-                               original_destination_connection_id=(
-                                   client.original_destination_connection_id))
+    client, server = connection_pair(QuicConfiguration, cls, AioquicConnection, cert,
+                                     client_options=options, server_options=options)
     for step in range(8):  # the handshake
         now = step * 0.001
         for data, _ in client.datagrams_to_send(now=now):

@@ -26,7 +26,8 @@ from qh3.quic.packet import QuicErrorCode
 from kvcs.transport import DevCertificate
 from kvcs.transport.quic import qh3 as kvcs_qh3
 
-CLIENT, SERVER = ("10.0.0.1", 4433), ("10.0.0.2", 4433)
+from .memory_pair import CLIENT, SERVER, connection_pair
+
 SEED = 6
 
 
@@ -43,18 +44,11 @@ def _late_acks(cert: DevCertificate, seed: int) -> _Run:
     promptly for 2 s."""
     assert kvcs_qh3.apply_patches()
     rng = random.Random(seed)
-    client_config = QuicConfiguration(is_client=True, alpn_protocols=["x"],
-                                      max_datagram_size=1452)
-    client_config.verify_mode = 0
-    server_config = QuicConfiguration(is_client=False, alpn_protocols=["x"],
-                                      max_datagram_size=1452, max_data=16 << 20,
-                                      max_stream_data=8 << 20)  # kvcs's defaults
-    server_config.load_cert_chain(str(cert.certfile), str(cert.keyfile))
-    client = QuicConnection(configuration=client_config)
-    client.connect(SERVER, now=0.0)
-    server = QuicConnection(configuration=server_config,
-                            original_destination_connection_id=(
-                                client.original_destination_connection_id))
+    client, server = connection_pair(
+        QuicConfiguration, QuicConnection, QuicConnection, cert,
+        client_options=dict(alpn_protocols=["x"], max_datagram_size=1452),
+        server_options=dict(alpn_protocols=["x"], max_datagram_size=1452,
+                            max_data=16 << 20, max_stream_data=8 << 20))  # kvcs's defaults
     now, held, run = 0.0, [], _Run()
 
     def drain(name: str, conn: QuicConnection) -> None:
