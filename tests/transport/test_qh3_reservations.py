@@ -23,9 +23,12 @@ from qh3.quic.connection import QuicConnection
 from qh3.quic.events import ConnectionTerminated, QuicEvent
 from qh3.quic.packet import QuicErrorCode
 
-from kvcs.transport import DevCertificate
+from kvcs.moqt.actions import SendStreamData
+from kvcs.testing import until
+from kvcs.transport import DevCertificate, QuicSettings, connect
 from kvcs.transport.quic import qh3 as kvcs_qh3
 
+from .conftest import EchoSession, echo_factory, echo_server
 from .memory_pair import CLIENT, SERVER, connection_pair
 
 SEED = 6
@@ -110,3 +113,45 @@ def test_a_stream_reservation_error_keeps_the_datagrams_built_and_closes(
     # the connection ends on both sides with the error, not with a stream stuck forever
     assert run.ended["client"].error_code == QuicErrorCode.INTERNAL_ERROR
     assert run.ended["server"].reason_phrase == kvcs_qh3.STREAM_RESERVATION_ERROR
+
+
+class _FailingCore:
+    """qh3's core with the next ``poll_transmit`` failing as the reservation bug makes it
+    fail (the bug itself needs ACK bursts a loopback socket does not produce on demand)."""
+
+    def __init__(self, core: object) -> None:
+        self._core = core
+        self.failed = False
+
+    def poll_transmit(self, now: float) -> object:
+        if not self.failed:
+            self.failed = True
+            raise ValueError("reserved stream is missing")
+        return self._core.poll_transmit(now)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._core, name)
+
+
+async def test_a_stream_reservation_error_ends_the_session_on_both_sides(
+        cert: DevCertificate) -> None:
+    """Through the binding over real QUIC on loopback: the error closes the connection,
+    and both sessions learn it at once (instead of a stream that never ends)."""
+    settings = QuicSettings.loopback(library="qh3")
+    async with echo_server(cert, settings) as srv, connect(
+            srv.url("moqt"), echo_factory, settings, cafile=str(cert.certfile)) as conn:
+        client = conn.session
+        assert isinstance(client, EchoSession)
+        sid = conn.open_stream(True)
+        client.out.append(SendStreamData(sid, b"before"))
+        conn.flush()
+        await until(lambda: bool(srv.conns) and sid in srv.session().received)
+        core = conn._quic._core  # type: ignore[attr-defined]  # (the injection point)
+        conn._quic._core = failing = _FailingCore(core)  # type: ignore[attr-defined]
+        client.out.append(SendStreamData(sid, b"after", end=True))
+        conn.flush()
+        await until(lambda: client.lost is not None and srv.session().lost is not None)
+        assert failing.failed
+        assert client.lost is not None and client.lost[0] == QuicErrorCode.INTERNAL_ERROR
+        assert srv.session().lost == (QuicErrorCode.INTERNAL_ERROR,
+                                      kvcs_qh3.STREAM_RESERVATION_ERROR)
