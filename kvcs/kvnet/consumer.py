@@ -351,16 +351,18 @@ class KvConsumer:
         open for newer versions (the caller closes it)."""
         ep = await self.pool.open(endpoint or self.source(pub))
         track: ManifestTrack | None = None
+        deadline = asyncio.get_running_loop().time() + self.recompute_budget_s
         try:
-            async with asyncio.timeout(self.recompute_budget_s):
-                track = await ManifestTrack.open(
-                    ep, pub.fields, require_signed=self.require_signed,
-                    retry_until=asyncio.get_running_loop().time() + self.recompute_budget_s,
-                    secure=self.secure)
+            # open() keeps to the deadline itself (a transient refusal still standing then
+            # is reported as such, not as a timeout); the first version must come by then
+            track = await ManifestTrack.open(
+                ep, pub.fields, require_signed=self.require_signed, retry_until=deadline,
+                secure=self.secure)
+            async with asyncio.timeout_at(deadline):
                 blob = await track.next_version()
-                if blob is None:
-                    raise ManifestError("the manifest track ended without a version")
-                m = self.check_manifest(pub, blob, track.signed, track.protected)
+            if blob is None:
+                raise ManifestError("the manifest track ended without a version")
+            m = self.check_manifest(pub, blob, track.signed, track.protected)
         except TimeoutError:
             if track is not None:
                 await track.close()

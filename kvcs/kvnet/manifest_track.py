@@ -76,10 +76,12 @@ class ManifestTrack:
                    secure: SecureObjects | None = None) -> ManifestTrack:
         """Subscribe to the manifest track of ``namespace`` (see the module docstring);
         transient refusals are retried until ``retry_until`` (event-loop time; None: no
-        retry). ``secure``: the content keys of a protected publication.
+        retry and no time limit). ``secure``: the content keys of a protected publication.
 
-        Raises MoqtRequestError for a refusal, and SignatureError when authenticity is
-        required and the publication has no ``manifest.cose``."""
+        Raises MoqtRequestError for a refusal (also for a transient one still standing at
+        ``retry_until``), TimeoutError when no answer came by ``retry_until``, and
+        SignatureError when authenticity is required and the publication has no
+        ``manifest.cose``."""
         try:
             sub = await cls._subscribe(endpoint, namespace, SIGNED, retry_until)
             return cls(sub, SIGNED, namespace, secure)
@@ -97,18 +99,27 @@ class ManifestTrack:
                          retry_until: float | None) -> Subscription:
         loop = asyncio.get_running_loop()
         delays = REFUSED_BACKOFF.delays()
+        refused: MoqtRequestError | None = None
         while True:
             try:
-                return await endpoint.subscribe(
-                    namespace, name, location_filter=LocationFilter.next_object(),
-                    fill=Parameters(location_filter=LocationFilter.relative_start(1)),
-                    priority=0)
+                # each attempt ends at retry_until: a refusal asked again answers with
+                # that refusal when the time is up, whenever the last answer is due
+                async with asyncio.timeout_at(retry_until):
+                    return await endpoint.subscribe(
+                        namespace, name, location_filter=LocationFilter.next_object(),
+                        fill=Parameters(location_filter=LocationFilter.relative_start(1)),
+                        priority=0)
+            except TimeoutError:
+                if refused is not None:
+                    raise refused from None
+                raise
             except MoqtRequestError as exc:
                 delay = next(delays)
                 wait = exc.retry_interval / 1000 if exc.retry_interval else delay
                 if exc.code not in TRANSIENT or retry_until is None or \
                         loop.time() + wait >= retry_until:
                     raise
+                refused = exc
                 log.info("%s refused for now (%s): asking again in %.2f s",
                          name.decode(), exc, wait)
                 await asyncio.sleep(wait)
