@@ -748,12 +748,18 @@ class TrackServer:
     @property
     def cursors(self) -> tuple[int, int]:
         """(fetch and fill streams being written, waiting their turn)."""
+        return self._prune_running(), sum(not c.done for c in self._waiting)
+
+    def _prune_running(self) -> int:
+        """Forget the running cursors that ended (a finished one leaves in
+        :meth:`_cursor_finished`; a cancelled one is only marked done) and return how many
+        run: a cursor kept after its end pins its track."""
         self._running = [c for c in self._running if not c.done]
-        return len(self._running), sum(not c.done for c in self._waiting)
+        return len(self._running)
 
     def _begin(self, cur: _Cursor) -> None:
         """Start writing a new cursor, or queue it behind :attr:`max_cursors` others."""
-        running = self.cursors[0]  # also forgets cursors that ended (they pin their tracks)
+        running = self._prune_running()
         if self.max_cursors and running >= self.max_cursors:
             cur.blocked = True  # not in _blocked: only _admit starts it
             self._waiting.append(cur)
@@ -767,7 +773,7 @@ class TrackServer:
             return
         self._admitting = True  # a started cursor may finish at once: no recursion
         try:
-            while self._waiting and self.cursors[0] < self.max_cursors:
+            while self._waiting and self._prune_running() < self.max_cursors:
                 cur = self._waiting.popleft()
                 if not cur.done:
                     cur.blocked = False

@@ -144,20 +144,17 @@ class AioquicAdapter:
     def __init__(self) -> None:
         self.version: str = aioquic.__version__
         stream = QuicStream(stream_id=0)
+        quic = QuicConnection(configuration=QuicConfiguration())
         missing = [name for owner, name in (
             (QuicConnection, "get_peer_address"), (H3Connection, "_get_or_create_stream"),
-            (QuicConnection(configuration=QuicConfiguration()), "_remote_max_idle_timeout"),
-            (QuicConnection(configuration=QuicConfiguration()), "_local_max_streams_bidi"),
+            (quic, "_remote_max_idle_timeout"), (quic, "_local_max_streams_bidi"),
             (stream, "is_blocked"), (stream, "max_stream_data_remote"),
             (stream.sender, "highest_offset"), (stream.sender, "_buffer_stop"),
             (stream.sender, "_reset_error_code"),
-            (QuicConnection(configuration=QuicConfiguration()), "_loss"),
-            (QuicConnection(configuration=QuicConfiguration())._loss, "_cc"),
-            (QuicConnection(configuration=QuicConfiguration())._loss, "_pacer"),
-            *((QuicConnection(configuration=QuicConfiguration())._loss, name)
-              for name in aioquic_recovery.REQUIRED),
-            *((QuicConnection(configuration=QuicConfiguration()), name)
-              for name in aioquic_send.REQUIRED),
+            (quic, "_loss"), (quic._loss, "_cc"), (quic._loss, "_pacer"),
+            *((quic._loss, name) for name in aioquic_recovery.REQUIRED),
+            *((quic, name) for name in aioquic_send.REQUIRED),
+            # what aioquic_send._can_write reads of a stream
             (stream, "max_stream_data_local"), (stream.sender, "buffer_is_empty"),
             (stream.sender, "reset_pending"), (stream.receiver, "stop_pending"),
             (stream, "is_finished"),
