@@ -60,12 +60,19 @@ JOIN_RUN_BELOW = 256 * 1024
 """A run of objects (:meth:`DataStreams.write_objects`) whose payloads total less than
 this goes out in ONE joined write: what a relay forwards per read of its upstream (4-8
 objects of 32 KiB) takes one trip through the scheduler instead of one per object. A
-larger run (a publisher's layer) goes out as one joined write per object, as
-:meth:`DataStreams.write_object` writes: one join of a 2 MiB layer would be a fresh 2 MiB
-buffer per run, and a payload written by reference after its prefix cost the publisher
-more than the join it saves (KVCS live direct, alternating runs at the same load: 3.14-3.15
-against 2.46-2.94 ms/MiB on its event-loop thread: one more scheduler entry, refill turn
-and qh3 send_stream call per object)."""
+larger run (a publisher's layer) goes out in joined writes of up to
+:data:`JOIN_WRITE_BYTES`: one join of a 2 MiB layer would be a fresh 2 MiB buffer per
+run, and a payload written by reference after its prefix cost the publisher more than the
+join it saves (KVCS live direct, alternating runs at the same load: 3.14-3.15 against
+2.46-2.94 ms/MiB on its event-loop thread: one more scheduler entry, refill turn and qh3
+send_stream call per object)."""
+
+JOIN_WRITE_BYTES = 64 * 1024
+"""The most a joined write of a large run carries (prefixes and payloads): the
+scheduler's chunk, i.e. one qh3 ``send_stream`` call. Objects of 32 KiB (``raw``) go one
+per write, as :meth:`DataStreams.write_object` writes them; smaller ones share a write
+(three 16.6 KiB ``q8`` objects): the scheduler entry, refill turn and qh3 call a write
+costs are paid per 64 KiB, not per object (docs/perf-profile.md, q8)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -431,21 +438,37 @@ class DataStreams:
 
     def write_objects(self, stream_id: int, objs: Sequence[ObjectRecord], end: bool) -> bool:
         """Write objects on a subgroup stream in as few writes as :data:`JOIN_RUN_BELOW`
-        allows (one for a relay's run); False if the stream is gone."""
+        and :data:`JOIN_WRITE_BYTES` allow (one for a relay's run); False if the stream
+        is gone."""
         s = self._outgoing.get(stream_id)
         if s is None:
             return False
         prefix = self._subgroup_writer(stream_id, s).object_prefix
         actions = self._out.actions
         last = len(objs) - 1
-        if not last or sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:
-            # one write per object (a run of one: a producer's single publish)
-            for i, o in enumerate(objs):
+        if not last:  # a run of one: a producer's single publish
+            o = objs[0]
+            payload = o.payload
+            head = prefix(o.object_id, len(payload), o.status, o.properties)
+            actions.append(SendStreamData(
+                stream_id, b"".join((head, payload)) if payload else head, end))
+        elif sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:
+            # joined writes of up to JOIN_WRITE_BYTES each
+            run: list[bytes | memoryview] = []
+            size = 0
+            for o in objs:
                 payload = o.payload
                 head = prefix(o.object_id, len(payload), o.status, o.properties)
-                actions.append(SendStreamData(
-                    stream_id, b"".join((head, payload)) if payload else head,
-                    end and i == last))
+                n = len(head) + len(payload)
+                if size and size + n > JOIN_WRITE_BYTES:
+                    actions.append(SendStreamData(stream_id, b"".join(run), False))
+                    run = []
+                    size = 0
+                run.append(head)
+                if payload:
+                    run.append(payload)
+                size += n
+            actions.append(SendStreamData(stream_id, b"".join(run), end))
         else:
             parts: list[bytes | memoryview] = []
             for o in objs:

@@ -631,3 +631,30 @@ def test_a_large_run_writes_one_joined_write_per_object() -> None:
                for w in writes[1:])
     objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
     assert [o.location for o in objs] == [L(0, o) for o in range(n)]
+
+
+def test_a_large_run_of_small_objects_shares_writes() -> None:
+    """Objects of a large run smaller than half of JOIN_WRITE_BYTES (q8's 16.6 KiB) share
+    joined writes of at most JOIN_WRITE_BYTES, in order: the per-write cost (scheduler,
+    qh3 call) is paid per 64 KiB, not per object; every object arrives once, intact."""
+    from kvcs.moqt.actions import SendStreamData
+    from kvcs.moqt.datastreams import JOIN_RUN_BELOW, JOIN_WRITE_BYTES
+
+    s = Served()
+    s.p.client.subscribe(NS, b"t")
+    s.run()
+    s.p.wire.clear()
+    payloads = [bytes([o % 251]) * (17_000 + o) for o in range(JOIN_RUN_BELOW // 17_000 + 2)]
+    run = [CachedObject(0, o, 0, 10, 0, (), memoryview(p)) for o, p in enumerate(payloads)]
+    run.append(CachedObject(0, len(payloads), 0, 10, wire.ObjectStatus.END_OF_GROUP, (), b""))
+    s.track.extend(run)
+    s.p.pump()
+    writes = [a for n_, a in s.p.wire if n_ == "client" and isinstance(a, SendStreamData)]
+    data = writes[1:]  # after the stream header
+    assert all(len(w.data) <= JOIN_WRITE_BYTES for w in data)
+    assert len(data) == -(-len(payloads) // 3)  # three per write (the last: the rest)
+    assert data[-1].end and not any(w.end for w in data[:-1])
+    objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
+    got = [o for o in objs if o.record.status == wire.ObjectStatus.NORMAL]
+    assert [bytes(o.record.payload) for o in got] == payloads
+    assert [o.location for o in objs] == [L(0, o) for o in range(len(payloads) + 1)]
