@@ -131,17 +131,17 @@ class _Bench:
         return "; ".join(f"{w} {' '.join(ts)}" for w, ts in by.items())
 
     async def sides(self, section: str, a: list[str], b: list[str], rounds: int,
-                    tokens: Callable[[int], list[int]]) -> tuple[list[float], list[float]]:
+                    tokens: Callable[[int, int], list[int]]) -> tuple[list[float], list[float]]:
         """``rounds`` rounds of every worker of side ``a`` and of side ``b``, the sides'
-        order alternating; ``tokens(round)`` is the prompt of a round. The two sides'
-        TTFTs."""
+        order alternating; ``tokens(round, k)`` is the prompt of the round's k-th worker of
+        ``a + b``. The two sides' TTFTs."""
         ta: list[float] = []
         tb: list[float] = []
         for i in range(rounds):
-            p = tokens(i)
-            order = [(n, ta) for n in a] + [(n, tb) for n in b]
-            for name, into in order if i % 2 == 0 else order[::-1]:
-                into.append((await self.run(section, name, p))["seconds"])
+            order = [(k, n, ta) for k, n in enumerate(a)]
+            order += [(len(a) + k, n, tb) for k, n in enumerate(b)]
+            for k, name, into in order if i % 2 == 0 else order[::-1]:
+                into.append((await self.run(section, name, tokens(i, k)))["seconds"])
         return ta, tb
 
 
@@ -194,7 +194,7 @@ async def _run(work: Path) -> dict[str, Any]:
                 await b.run("publish", producers[0], p)  # published once, loaded by every
                 # consumer run (vLLM's own prefix cache is off)
                 owns, hits = await b.sides(f"curve {n}", nones, consumers, CURVE_ROUNDS,
-                                           lambda i, p=p: p)
+                                           lambda i, k, p=p: p)
                 cached = min(x["cached"] for x in b.runs
                              if x["section"] == f"curve {n}" and x["worker"] in consumers)
                 own, best = min(owns), min(hits)
@@ -207,10 +207,12 @@ async def _run(work: Path) -> dict[str, Any]:
                     r.update(own_s=own, hit_s=best, hit_cached=cached)
             # a miss: a prompt published by nobody, the same one on both sides
             miss_owns, misses = await b.sides("miss", nones, consumers, ROUNDS,
-                                              lambda i: _prompt(7000 + i, HEADLINE))
-            # a prefill, until the relay holds it: a fresh prompt each round
-            produced_owns, produced = await b.sides("producer", nones, producers, ROUNDS,
-                                                    lambda i: _prompt(8000 + i, HEADLINE))
+                                              lambda i, k: _prompt(7000 + i, HEADLINE))
+            # a prefill, until the relay holds it: a fresh prompt for each run (a producer
+            # never publishes what the relay holds already)
+            produced_owns, produced = await b.sides(
+                "producer", nones, producers, ROUNDS,
+                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE))
             print(f"  miss runs: {b.runs_of('miss')}\n  producer runs: "
                   f"{b.runs_of('producer')} (load {os.getloadavg()[0]:.1f})", flush=True)
             r.update(miss_s=min(misses), miss_own_s=min(miss_owns), producer_s=min(produced),
@@ -218,7 +220,7 @@ async def _run(work: Path) -> dict[str, Any]:
             p = _prompt(HEADLINE, HEADLINE)  # published above
             await b.run("warm", "example", p)  # saves it to local disk
             ex, kv = await b.sides("example", ["example"] * INSTANCES, consumers, ROUNDS,
-                                   lambda i: p)
+                                   lambda i, k: p)
             print(f"  hit runs: {b.runs_of('example')}", flush=True)
             example_cached = [x["cached"] for x in b.runs if x["section"] == "example"
                               and x["worker"] == "example"]
@@ -239,8 +241,10 @@ async def _run(work: Path) -> dict[str, Any]:
     pubs = [e for e in read_events(work / "producer.jsonl") if e["event"] == "publish"]
     r["publish_s"] = {e.get("blocks"): round(e.get("seconds", 0), 3) for e in pubs}
     # the sends after the forward pass, on shared cores (wait_for_save's wait)
-    r["publish_waited_s"] = sorted(round(e.get("waited_s", 0), 3) for e in pubs
-                                   if e.get("blocks") == HEADLINE // 128)
+    headline = [e for e in pubs if e.get("blocks") == HEADLINE // 128]
+    r["publish_waited_s"] = sorted(round(e.get("waited_s", 0), 3) for e in headline)
+    # the publishing thread's CPU per headline-size publication
+    r["publish_cpu_s"] = sorted(round(e.get("sending_cpu_s", 0), 3) for e in headline)
     return r
 
 
@@ -282,6 +286,7 @@ def main() -> dict[str, Any]:
         "load_s_by_blocks": r["load_s"],
         "publish_s_by_blocks": r["publish_s"],
         "publish_waited_s": r["publish_waited_s"],
+        "publish_cpu_s": r["publish_cpu_s"],
         "failed_loads": r["failed_loads"],
         "instances_per_side": INSTANCES,
         "workers_start_s": r["start_s"],
