@@ -28,8 +28,8 @@ instances of one configuration differ by a few percent):
   on the next request, 0 to 215,000 page faults per 2048-token prefill depending on the
   instance and its history).
 
-Each run's wall time, the worker's CPU time and page faults, the wait for quiet and the
-load average are in ``vllm_runs``.
+Each run's wall time, the worker's CPU time and page faults, the CPU the host's other
+processes used meanwhile, the wait for quiet and the load average are in ``vllm_runs``.
 """
 
 from __future__ import annotations
@@ -87,6 +87,14 @@ def _faults(pid: int) -> int:
         return int(f.read().rpartition(")")[2].split()[7])
 
 
+def _host_cpu_s() -> tuple[float, float]:
+    """CPU seconds the host's cores were busy and in all so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz  # idle, iowait
+
+
 class _Bench:
     """The workers, and one measurement at a time under equal conditions."""
 
@@ -113,10 +121,16 @@ class _Bench:
         waited = await self.quiet()
         pid = self.pids[name]
         load, cpu, faults = os.getloadavg()[0], _cpu_ns(pid), _faults(pid)
+        host = _host_cpu_s()
         out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
+        cpu_s = (_cpu_ns(pid) - cpu) / 1e9
+        busy, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
         self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
-                          "s": round(out["seconds"], 3),
-                          "cpu_s": round((_cpu_ns(pid) - cpu) / 1e9, 3),
+                          "s": round(out["seconds"], 3), "cpu_s": round(cpu_s, 3),
+                          # the CPU every other process of the host used meanwhile (this
+                          # bench's relay, other users), and the host's cores busy
+                          "others_cpu_s": round(max(0.0, busy - cpu_s), 2),
+                          "host_busy": round(busy / total, 2) if total else 0.0,
                           "faults": _faults(pid) - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
                           "load": round(load, 1)})
@@ -143,6 +157,13 @@ class _Bench:
             for k, name, into in order if i % 2 == 0 else order[::-1]:
                 into.append((await self.run(section, name, tokens(i, k)))["seconds"])
         return ta, tb
+
+
+def _cpu_ratio(runs: list[dict[str, Any]], section: str, a: list[str],
+               b: list[str]) -> float:
+    def fastest(side: list[str]) -> float:
+        return min(x["cpu_s"] for x in runs if x["section"] == section and x["worker"] in side)
+    return round(fastest(a) / fastest(b), 3)
 
 
 async def _run(work: Path) -> dict[str, Any]:
@@ -228,6 +249,10 @@ async def _run(work: Path) -> dict[str, Any]:
                      example_cached=min(example_cached))
             r["curve"] = curve
             r["runs"] = b.runs
+            # the same comparisons in the workers' CPU time (fastest run of each side), less
+            # moved by other processes than wall time, though OpenMP's waiting spins count
+            r["miss_cpu"] = _cpu_ratio(b.runs, "miss", consumers, nones)
+            r["producer_cpu"] = _cpu_ratio(b.runs, "producer", producers, nones)
         finally:
             await asyncio.gather(*(w.close() for w in workers.values()))
     loads = [e for e in read_events(work / "consumer.jsonl") if e["event"] == "load"]
@@ -239,6 +264,8 @@ async def _run(work: Path) -> dict[str, Any]:
                if e["event"] == "lookup" and e["blocks"] == 0]
     r["miss_lookup_ms"] = round(1000 * max((e["seconds"] for e in lookups), default=0), 2)
     pubs = [e for e in read_events(work / "producer.jsonl") if e["event"] == "publish"]
+    r["publish_errors"] = [e["error"] for e in pubs if "error" in e]
+    pubs = [e for e in pubs if "error" not in e]
     r["publish_s"] = {e.get("blocks"): round(e.get("seconds", 0), 3) for e in pubs}
     # the sends after the forward pass, on shared cores (wait_for_save's wait)
     headline = [e for e in pubs if e.get("blocks") == HEADLINE // 128]
@@ -288,6 +315,9 @@ def main() -> dict[str, Any]:
         "publish_waited_s": r["publish_waited_s"],
         "publish_cpu_s": r["publish_cpu_s"],
         "failed_loads": r["failed_loads"],
+        "publish_errors": r["publish_errors"],
+        "miss_cpu_ratio": r["miss_cpu"],
+        "producer_cpu_ratio": r["producer_cpu"],
         "instances_per_side": INSTANCES,
         "workers_start_s": r["start_s"],
         "seconds": round(time.perf_counter() - t0, 1),
@@ -308,4 +338,8 @@ def main() -> dict[str, Any]:
           f"({res['example_cached_tokens']} tokens from disk)")
     print(f"  producer overhead {res['vllm_producer_overhead']:.3f} (target <= 1.15): "
           f"{res['producer_prefill_s']:.3f} s with publication vs {r['producer_own_s']:.3f} s")
+    print(f"  in the workers' CPU time (fastest runs): miss / none {r['miss_cpu']:.3f}, "
+          f"producer / none {r['producer_cpu']:.3f}"
+          + (f"; publications that failed: {r['publish_errors']}" if r["publish_errors"]
+             else ""))
     return res
