@@ -20,7 +20,9 @@ instances of one configuration differ by a few percent):
 
 * each side runs on two instances started together (ExampleConnector on one, with as many
   runs as the kvcs side), the sides alternate round by round, and each side's figure is
-  its fastest run;
+  its fastest run; the headline ratios run up to twice their rounds while a side has
+  fewer than :data:`MIN_CLEAN` clean runs (runs beside which other users of the host
+  used at most :data:`CLEAN_FOREIGN_CORES` cores);
 * every measurement starts only once every worker and this process (the relay) are idle:
   none used more than :data:`QUIET_MS` of CPU in the last :data:`QUIET_WINDOW_S`;
 * every worker runs with the allocator settings of ``examples/vllm_run.py`` (without
@@ -60,6 +62,11 @@ INSTANCES = 2
 QUIET_MS = 10.0
 QUIET_WINDOW_S = 0.2
 QUIET_TIMEOUT_S = 10.0
+CLEAN_FOREIGN_CORES = 0.2
+"""A run is clean when the host's other processes (other users) used at most this many
+cores on average meanwhile."""
+MIN_CLEAN = 2
+"""The headline ratios run up to ROUNDS more rounds while a side has fewer clean runs."""
 # idle vLLM workers use 1-3 ms of CPU per 0.2 s each, this process (relay, sampling) 2-8
 
 
@@ -120,16 +127,18 @@ class _Bench:
         """One request of one token on worker ``name`` once everything is quiet."""
         waited = await self.quiet()
         pid = self.pids[name]
-        load, cpu, faults = os.getloadavg()[0], _cpu_ns(pid), _faults(pid)
-        host = _host_cpu_s()
+        load, faults = os.getloadavg()[0], _faults(pid)
+        ours, host = {k: _cpu_ns(p) for k, p in self.pids.items()}, _host_cpu_s()
         out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
-        cpu_s = (_cpu_ns(pid) - cpu) / 1e9
         busy, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
+        ours = {k: (_cpu_ns(p) - ours[k]) / 1e9 for k, p in self.pids.items()}
+        # the CPU the host's other processes (other users) used meanwhile
+        foreign = max(0.0, busy - sum(ours.values()))
         self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
-                          "s": round(out["seconds"], 3), "cpu_s": round(cpu_s, 3),
-                          # the CPU every other process of the host used meanwhile (this
-                          # bench's relay, other users), and the host's cores busy
-                          "others_cpu_s": round(max(0.0, busy - cpu_s), 2),
+                          "s": round(out["seconds"], 3), "cpu_s": round(ours[name], 3),
+                          "relay_cpu_s": round(ours["bench"], 3),
+                          "foreign_cpu_s": round(foreign, 2),
+                          "clean": foreign <= CLEAN_FOREIGN_CORES * out["seconds"],
                           "host_busy": round(busy / total, 2) if total else 0.0,
                           "faults": _faults(pid) - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
@@ -144,18 +153,32 @@ class _Bench:
                 by.setdefault(x["worker"], []).append(f"{x['s']:.3f}")
         return "; ".join(f"{w} {' '.join(ts)}" for w, ts in by.items())
 
+    def clean_runs(self, section: str) -> dict[str, int]:
+        """Clean runs of a section by worker."""
+        by: dict[str, int] = {}
+        for x in self.runs:
+            if x["section"] == section:
+                by[x["worker"]] = by.get(x["worker"], 0) + x["clean"]
+        return by
+
     async def sides(self, section: str, a: list[str], b: list[str], rounds: int,
-                    tokens: Callable[[int, int], list[int]]) -> tuple[list[float], list[float]]:
+                    tokens: Callable[[int, int], list[int]],
+                    extra: int = 0) -> tuple[list[float], list[float]]:
         """``rounds`` rounds of every worker of side ``a`` and of side ``b``, the sides'
-        order alternating; ``tokens(round, k)`` is the prompt of the round's k-th worker of
+        order alternating, and up to ``extra`` more while a side has fewer than MIN_CLEAN
+        clean runs; ``tokens(round, k)`` is the prompt of the round's k-th worker of
         ``a + b``. The two sides' TTFTs."""
         ta: list[float] = []
         tb: list[float] = []
-        for i in range(rounds):
-            order = [(k, n, ta) for k, n in enumerate(a)]
-            order += [(len(a) + k, n, tb) for k, n in enumerate(b)]
-            for k, name, into in order if i % 2 == 0 else order[::-1]:
+        clean = {"a": 0, "b": 0}
+        i = 0
+        while i < rounds or (min(clean.values()) < MIN_CLEAN and i < rounds + extra):
+            order = [(k, n, ta, "a") for k, n in enumerate(a)]
+            order += [(len(a) + k, n, tb, "b") for k, n in enumerate(b)]
+            for k, name, into, side in order if i % 2 == 0 else order[::-1]:
                 into.append((await self.run(section, name, tokens(i, k)))["seconds"])
+                clean[side] += self.runs[-1]["clean"]
+            i += 1
         return ta, tb
 
 
@@ -228,12 +251,13 @@ async def _run(work: Path) -> dict[str, Any]:
                     r.update(own_s=own, hit_s=best, hit_cached=cached)
             # a miss: a prompt published by nobody, the same one on both sides
             miss_owns, misses = await b.sides("miss", nones, consumers, ROUNDS,
-                                              lambda i, k: _prompt(7000 + i, HEADLINE))
+                                              lambda i, k: _prompt(7000 + i, HEADLINE),
+                                              ROUNDS)
             # a prefill, until the relay holds it: a fresh prompt for each run (a producer
             # never publishes what the relay holds already)
             produced_owns, produced = await b.sides(
                 "producer", nones, producers, ROUNDS,
-                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE))
+                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE), ROUNDS)
             print(f"  miss runs: {b.runs_of('miss')}\n  producer runs: "
                   f"{b.runs_of('producer')} (load {os.getloadavg()[0]:.1f})", flush=True)
             r.update(miss_s=min(misses), miss_own_s=min(miss_owns), producer_s=min(produced),
@@ -241,14 +265,18 @@ async def _run(work: Path) -> dict[str, Any]:
             p = _prompt(HEADLINE, HEADLINE)  # published above
             await b.run("warm", "example", p)  # saves it to local disk
             ex, kv = await b.sides("example", ["example"] * INSTANCES, consumers, ROUNDS,
-                                   lambda i, k: p)
-            print(f"  hit runs: {b.runs_of('example')}", flush=True)
+                                   lambda i, k: p, ROUNDS)
+            print(f"  hit runs: {b.runs_of('example')}\n  clean runs (other users under "
+                  f"{CLEAN_FOREIGN_CORES} cores meanwhile): "
+                  + "; ".join(f"{sec} {b.clean_runs(sec)}"
+                              for sec in ("miss", "producer", "example")), flush=True)
             example_cached = [x["cached"] for x in b.runs if x["section"] == "example"
                               and x["worker"] == "example"]
             r.update(example_s=min(ex), example_kvcs_s=min(kv),
                      example_cached=min(example_cached))
             r["curve"] = curve
             r["runs"] = b.runs
+            r["clean"] = {sec: b.clean_runs(sec) for sec in ("miss", "producer", "example")}
             # the same comparisons in the workers' CPU time (fastest run of each side), less
             # moved by other processes than wall time, though OpenMP's waiting spins count
             r["miss_cpu"] = _cpu_ratio(b.runs, "miss", consumers, nones)
@@ -322,6 +350,7 @@ def main() -> dict[str, Any]:
         "workers_start_s": r["start_s"],
         "seconds": round(time.perf_counter() - t0, 1),
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "clean_runs": r["clean"],
         "vllm_runs": r["runs"],
     }
     print(f"vLLM CPU ({res['model']}; {HEADLINE}-token prompt, relay on 127.0.0.1; "
