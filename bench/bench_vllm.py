@@ -20,9 +20,9 @@ instances of one configuration differ by a few percent):
 
 * each side runs on two instances started together (ExampleConnector on one, with as many
   runs as the kvcs side), the sides alternate round by round, and each side's figure is
-  its fastest run; the headline ratios run up to twice their rounds while a side has
-  fewer than :data:`MIN_CLEAN` clean runs (runs beside which other users of the host
-  used at most :data:`CLEAN_FOREIGN_CORES` cores);
+  its fastest run; the headline ratios (and the curve's 2048-token point) run up to twice
+  their rounds while a side has fewer than :data:`MIN_CLEAN` clean runs (runs beside
+  which other users of the host used at most :data:`CLEAN_FOREIGN_CORES` cores);
 * every measurement starts only once every worker and this process (the relay) are idle:
   none used more than :data:`QUIET_MS` of CPU in the last :data:`QUIET_WINDOW_S`;
 * every worker runs with the allocator settings of ``examples/vllm_run.py`` (without
@@ -30,8 +30,9 @@ instances of one configuration differ by a few percent):
   on the next request, 0 to 215,000 page faults per 2048-token prefill depending on the
   instance and its history).
 
-Each run's wall time, the worker's CPU time and page faults, the CPU the host's other
-processes used meanwhile, the wait for quiet and the load average are in ``vllm_runs``.
+Each run's wall time, the worker's CPU time and page faults, the relay's CPU, the CPU the
+host's other processes used meanwhile and the hypervisor stole, whether the run was clean,
+the wait for quiet and the load average are in ``vllm_runs``.
 """
 
 from __future__ import annotations
@@ -94,12 +95,14 @@ def _faults(pid: int) -> int:
         return int(f.read().rpartition(")")[2].split()[7])
 
 
-def _host_cpu_s() -> tuple[float, float]:
-    """CPU seconds the host's cores were busy and in all so far (/proc/stat)."""
+def _host_cpu_s() -> tuple[float, float, float]:
+    """CPU seconds the host's cores were busy, stolen by the hypervisor, and in all so
+    far (/proc/stat)."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
     hz = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz  # idle, iowait
+    idle, steal = ticks[3] + ticks[4], ticks[7]  # idle + iowait; steal
+    return (sum(ticks) - idle - steal) / hz, steal / hz, sum(ticks) / hz
 
 
 class _Bench:
@@ -130,16 +133,16 @@ class _Bench:
         load, faults = os.getloadavg()[0], _faults(pid)
         ours, host = {k: _cpu_ns(p) for k, p in self.pids.items()}, _host_cpu_s()
         out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
-        busy, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
+        busy, steal, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
         ours = {k: (_cpu_ns(p) - ours[k]) / 1e9 for k, p in self.pids.items()}
         # the CPU the host's other processes (other users) used meanwhile
         foreign = max(0.0, busy - sum(ours.values()))
         self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
                           "s": round(out["seconds"], 3), "cpu_s": round(ours[name], 3),
                           "relay_cpu_s": round(ours["bench"], 3),
-                          "foreign_cpu_s": round(foreign, 2),
+                          "foreign_cpu_s": round(foreign, 2), "steal_s": round(steal, 2),
                           "clean": foreign <= CLEAN_FOREIGN_CORES * out["seconds"],
-                          "host_busy": round(busy / total, 2) if total else 0.0,
+                          "host_busy": round((busy + steal) / total, 2) if total else 0.0,
                           "faults": _faults(pid) - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
                           "load": round(load, 1)})
@@ -238,7 +241,8 @@ async def _run(work: Path) -> dict[str, Any]:
                 await b.run("publish", producers[0], p)  # published once, loaded by every
                 # consumer run (vLLM's own prefix cache is off)
                 owns, hits = await b.sides(f"curve {n}", nones, consumers, CURVE_ROUNDS,
-                                           lambda i, k, p=p: p)
+                                           lambda i, k, p=p: p,
+                                           CURVE_ROUNDS if n == HEADLINE else 0)
                 cached = min(x["cached"] for x in b.runs
                              if x["section"] == f"curve {n}" and x["worker"] in consumers)
                 own, best = min(owns), min(hits)
@@ -276,7 +280,8 @@ async def _run(work: Path) -> dict[str, Any]:
                      example_cached=min(example_cached))
             r["curve"] = curve
             r["runs"] = b.runs
-            r["clean"] = {sec: b.clean_runs(sec) for sec in ("miss", "producer", "example")}
+            r["clean"] = {sec: b.clean_runs(sec)
+                          for sec in (f"curve {HEADLINE}", "miss", "producer", "example")}
             # the same comparisons in the workers' CPU time (fastest run of each side), less
             # moved by other processes than wall time, though OpenMP's waiting spins count
             r["miss_cpu"] = _cpu_ratio(b.runs, "miss", consumers, nones)
