@@ -372,7 +372,8 @@ class Endpoint(OriginPublisher, BoundSession):
         self.announced[ns] = rid
         send_namespace_notices(self.origin.publish(ns, self, rid))
 
-    async def hand_over(self, namespace: TrackNamespace, timeout: float = 60.0) -> None:
+    async def hand_over(self, namespace: TrackNamespace, timeout: float | None = 60.0, *,
+                        live: bool = False) -> None:
         """Wait until the peer, a relay, holds every local track under ``namespace``
         complete, so that this session can end without taking the publication with it
         (docs/relay.md, "Publish and go").
@@ -381,15 +382,19 @@ class Endpoint(OriginPublisher, BoundSession):
         pulls the whole track from us (it subscribes upstream with Forward 1 and a fill of
         the whole track whatever its subscribers' Forward) and ends the subscription with
         PUBLISH_DONE TRACK_ENDED once its copy is complete. Every track must have ended
-        (End of Track). Raises :class:`HandOverError` if a track has not ended, if the relay
-        refuses or ends a subscription otherwise, or after ``timeout`` seconds.
+        (End of Track), unless ``live``: then the hand-over starts while the tracks are
+        still being written (the relay pulls each object as it is published instead of all
+        of them at the end) and ends once they have ended and the relay holds them; the
+        tracks are those under ``namespace`` at the call. Raises :class:`HandOverError` if a
+        track has not ended (not ``live``), if the relay refuses or ends a subscription
+        otherwise, or after ``timeout`` seconds (None: no limit).
         """
         ns = tuple(namespace)
         tracks = [t for t in self.origin.tracks.values()
                   if namespace_has_prefix(t.namespace, ns)]
         open_tracks = [t.name.decode(errors="replace") for t in tracks
                        if t.end_of_track is None]
-        if open_tracks:
+        if open_tracks and not live:
             raise HandOverError(f"track(s) {', '.join(open_tracks)} have no End of Track: "
                                 "a relay cannot hold them complete")
 

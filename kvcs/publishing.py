@@ -50,7 +50,8 @@ class HandOverTarget(PublishTarget, Protocol):
     publisher may leave (:meth:`kvcs.endpoint.Endpoint.hand_over`; raises a
     ConnectionError when the relay does not confirm)."""
 
-    async def hand_over(self, namespace: TrackNamespace, timeout: float = ...) -> None: ...
+    async def hand_over(self, namespace: TrackNamespace, timeout: float | None = ..., *,
+                        live: bool = ...) -> None: ...
 
 
 def object_record(track: Track, group_id: int, object_id: int, payload: bytes | memoryview,

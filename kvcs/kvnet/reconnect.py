@@ -237,22 +237,26 @@ class ReconnectingTarget(OriginPublisher):
         with contextlib.suppress(ConnectionError):
             await ep.drain(limit)
 
-    async def hand_over(self, namespace: TrackNamespace, timeout: float = 60.0) -> None:
+    async def hand_over(self, namespace: TrackNamespace, timeout: float | None = 60.0, *,
+                        live: bool = False) -> None:
         """:meth:`Endpoint.hand_over <kvcs.endpoint.Endpoint.hand_over>` on the current
         session, waiting for one and starting again on the next when the session ends
-        meanwhile; HandOverError after ``timeout`` seconds in all."""
+        meanwhile; HandOverError after ``timeout`` seconds in all (None: no limit)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = None if timeout is None else loop.time() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(deadline - loop.time(), 0.0)
+
         while True:
-            left = deadline - loop.time()
             try:
-                ep = await self.wait_connected(max(left, 0.0))
+                ep = await self.wait_connected(left())
             except TimeoutError:
                 raise HandOverError(f"no session to {self.url} within {timeout:g} s") from None
             try:
-                await ep.hand_over(namespace, max(deadline - loop.time(), 0.0))
+                await ep.hand_over(namespace, left(), live=live)
                 return
             except HandOverError:
-                if not ep.is_closed or loop.time() >= deadline:
+                if not ep.is_closed or (deadline is not None and loop.time() >= deadline):
                     raise
                 log.info("session ended during the hand-over: again on the next one")

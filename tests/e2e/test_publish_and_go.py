@@ -60,6 +60,42 @@ async def test_publisher_exits_after_finish_and_the_publication_stays(net: Local
         assert await consumer.discover() is None
 
 
+async def test_hand_over_from_start_pulls_each_layer_as_it_is_published(
+        net: LocalNet) -> None:
+    """``hand_over_from_start``: the relay holds layer 0 while the later layers are still to
+    come (before, it pulled the whole publication only once finish() was called); finish()
+    also hands over the tracks of a segment added after the start; then the publisher
+    leaves and decode workers get the whole publication."""
+    from .test_segments import EXTRA
+
+    a = await net.relay()
+    pub_ep = await net.client(a)
+    data, more = cache(44), cache(45, len(EXTRA))
+    pub = KvPublisher(pub_ep, SCOPE, DESC, PROMPT, PublisherOptions(
+        retention_s=60, hand_over_s=10, hand_over_from_start=True))
+    await pub.put_layer(0, *data[0])
+
+    def relay_has(name: bytes, group: int) -> bool:
+        track = a.origin.tracks.get((tuple(pub.fields), name))
+        return track is not None and track.largest is not None and track.largest.group >= group
+
+    await until(lambda: relay_has(b"k.raw.s0", 0) and relay_has(b"v.raw.s0", 0))
+    for i, (k, v) in enumerate(data[1:], 1):
+        await pub.put_layer(i, k, v)
+    pub.add_segment(EXTRA)
+    for i, (k, v) in enumerate(more):
+        await pub.put_layer(i, k, v, segment=1)
+    await pub.finish()
+    pub_ep.close()
+    await pub_ep.wait_closed()
+    await until(lambda: not a.publishers)
+    held = {name: t.complete for (ns, name), t in a.origin.tracks.items()
+            if ns == tuple(pub.fields)}
+    assert held == {b"manifest": True, b"k.raw.s0": True, b"v.raw.s0": True,
+                    b"k.raw.s1": True, b"v.raw.s1": True}
+    await _retrieve(net, a, data)
+
+
 async def test_hand_over_only_through_a_relay() -> None:
     from kvcs.hosting import TrackHost
 
