@@ -440,38 +440,18 @@ class LayerAssembler:
 
     # ------------------------------------------------------------------ objects
 
-    def decrypt(self, kind: Component, layer: int, block: int, payload: Buffer, *,
-                publisher_priority: int = 128, properties: Properties = (),
-                namespace: Sequence[bytes] | None = None) -> Buffer | None:
-        """The plaintext of a protected object, decrypted as :meth:`accept` would, for a
-        caller that hashes its Data elsewhere (a worker thread) before accepting it with
-        ``plaintext``. None: the retrieval is not protected, the object is not wanted, or
-        it does not decrypt (:meth:`accept` of the payload then says why)."""
-        name = self._names.get(kind)
-        if (self.secure is None or name is None or not self.layers.start <= layer
-                < self.layers.stop or layer < self._next or block >= self.blocks):
-            return None
-        ns = self.namespace if namespace is None else tuple(namespace)
-        try:
-            return open_object(self.secure, ns, name, layer, block, payload,
-                               publisher_priority=publisher_priority, properties=properties)
-        except (VerificationError, ValueError):
-            return None
-
     def accept(self, kind: Component, layer: int, block: int, payload: Buffer, *,
                publisher_priority: int = 128, properties: Properties = (),
                namespace: Sequence[bytes] | None = None,
-               data_sha256: bytes | None = None, plaintext: Buffer | None = None) -> Outcome:
+               data_sha256: bytes | None = None) -> Outcome:
         """Verify one object of the ``kind`` track at (``layer``, ``block``) and place it.
 
         ``publisher_priority`` (effective, :func:`~kvcs.kv.secure.effective_priority`) and
         ``properties`` as received matter for protected objects (the AAD); ``namespace``
         is that of another publication whose objects recover this one's (deterministic).
-        ``data_sha256``: the SHA-256 of the octets after the 68-octet header, computed
-        beforehand (e.g. a batch in a worker thread): of the payload in an unprotected
-        retrieval, of ``plaintext`` in a protected one (else ignored: the object is hashed
-        once decrypted). ``plaintext``: what :meth:`decrypt` returned for this payload with
-        the same arguments. None: decrypted and hashed here."""
+        ``data_sha256``: the SHA-256 of the payload's octets after the 68-octet header,
+        computed beforehand (e.g. a batch in a worker thread); only for an unprotected
+        retrieval (a protected object is hashed once decrypted). None: hashed here."""
         if layer < self._next or layer >= self.layers.stop:
             return Outcome.IGNORED
         if block >= self.blocks:
@@ -483,10 +463,9 @@ class LayerAssembler:
             return Outcome.DUPLICATE
         ns = self.namespace if namespace is None else tuple(namespace)
         try:
-            digest = self._verify_and_place(
-                buf, kind, layer, block, payload, publisher_priority, properties, ns,
-                None if self.secure is not None and plaintext is None else data_sha256,
-                plaintext)
+            digest = self._verify_and_place(buf, kind, layer, block, payload,
+                                            publisher_priority, properties, ns,
+                                            None if self.secure is not None else data_sha256)
         except UnknownKeyIdError as exc:
             return self._hold(kind, layer, block, _Held(
                 payload, publisher_priority, properties, ns, exc.key_id,
@@ -507,14 +486,11 @@ class LayerAssembler:
 
     def _verify_and_place(self, buf: _LayerBuffer, kind: Component, layer: int, block: int,
                           payload: Buffer, priority: int, properties: Properties,
-                          namespace: tuple[bytes, ...], data_sha256: bytes | None,
-                          plaintext: Buffer | None = None) -> bytes:
+                          namespace: tuple[bytes, ...], data_sha256: bytes | None) -> bytes:
         codec = self._codecs.get(kind)
         if codec is None:
             raise VerificationError(f"no {kind.value} track is selected")
-        if plaintext is not None and self.secure is not None:
-            plain = plaintext  # decrypted by decrypt() with these arguments
-        elif self.secure is None and not properties and payload[:4] != IN_BAND_MAGIC:
+        if self.secure is None and not properties and payload[:4] != IN_BAND_MAGIC:
             plain = payload  # what open_object returns for an object that carries no Key ID
         else:
             plain = open_object(self.secure, namespace, self._names[kind], layer, block,

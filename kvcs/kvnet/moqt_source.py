@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import KvLayer, LayerArrays, LayerAssembler, Outcome, select_tracks
-from ..kv.codecs import Buffer
 from ..kv.component import Component
 from ..kv.manifest import Manifest, Segment
 from ..kv.payload import HEADER_SIZE
@@ -86,13 +85,10 @@ arrived)."""
 
 class Intake:
     """The received objects of one retrieval on their way to the assemblers, in batches:
-    protected objects are decrypted first, then the SHA-256 of each object's Data is
-    computed for a whole batch at once (in the worker thread when the batch is large,
-    :mod:`kvcs.kvnet.offload`), then each object is verified and placed on the event-loop
-    thread, in arrival order. A batch is what arrived while the previous one was hashed
-    (at least one loop turn's). Hashing the protected objects aside too took a vLLM
-    decode worker's transfer thread from 89-100 to 63-69 ms of CPU per 1920-token load
-    (medians, SmolLM2-135M, 2-core machine at load 5-7)."""
+    the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
+    the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
+    object is verified and placed on the event-loop thread, in arrival order. A batch is
+    what arrived while the previous one was hashed (at least one loop turn's)."""
 
     def __init__(self) -> None:
         self._pending: list[Received] = []
@@ -143,22 +139,16 @@ class Intake:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                # protected objects are decrypted here first, so that their Data is hashed
-                # with the others' (one object that does not decrypt is left to the
-                # assembler, which says why)
-                texts = [run.decrypt(kind, obj, props, pub)
-                         if run.assembler.secure is not None else obj.payload
-                         for run, kind, obj, props, pub, _ in batch]
-                hashed = [i for i, text in enumerate(texts) if text is not None]
+                # protected objects are hashed once decrypted, by the assembler
+                plain = [i for i, (run, *_) in enumerate(batch) if run.assembler.secure is None]
                 digests = await sha256_digests(
-                    [texts[i][HEADER_SIZE:] for i in hashed])  # type: ignore[index]
+                    [batch[i][2].payload[HEADER_SIZE:] for i in plain])
                 computed: list[bytes | None] = [None] * len(batch)
-                for i, digest in zip(hashed, digests, strict=True):
+                for i, digest in zip(plain, digests, strict=True):
                     computed[i] = digest
-                for (run, kind, obj, props, pub, arrived), text, known in zip(
-                        batch, texts, computed, strict=True):
-                    run.take(kind, obj, props, pub, known, arrived,
-                             text if run.assembler.secure is not None else None)
+                for (run, kind, obj, props, pub, arrived), known in zip(batch, computed,
+                                                                        strict=True):
+                    run.take(kind, obj, props, pub, known, arrived)
                 self.done += len(batch)
                 self._settled.set()
         finally:
@@ -260,22 +250,12 @@ class SegmentRun:
             other.block_keys_sha256 == self.seg.block_keys_sha256 and \
             all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
-    def decrypt(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
-                pub: Publication | None) -> Buffer | None:
-        """A protected object's plaintext (:meth:`LayerAssembler.decrypt`), else None."""
-        return self.assembler.decrypt(
-            kind, obj.group_id, obj.object_id, obj.payload,
-            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
-            properties=obj.properties,
-            namespace=None if pub is None or pub is self.r.pub else pub.fields)
-
     def take(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
              pub: Publication | None, data_sha256: bytes | None,
-             arrived: float | None = None, plaintext: Buffer | None = None) -> None:
+             arrived: float | None = None) -> None:
         """Give one received object (of ``pub``, default this publication) to the
         assembler (:class:`Intake` computed ``data_sha256``, the SHA-256 of its Data, if
-        not None, and of a protected object its ``plaintext`` with :meth:`decrypt`);
-        note progress (as of ``arrived``, when the object arrived), wake the
+        not None); note progress (as of ``arrived``, when the object arrived), wake the
         loop when a layer completed or the object waits for its content key.
         ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the priority an object
         inherits (protected objects authenticate it)."""
@@ -284,7 +264,7 @@ class SegmentRun:
             publisher_priority=effective_priority(obj.publisher_priority, track_properties),
             properties=obj.properties,
             namespace=None if pub is None or pub is self.r.pub else pub.fields,
-            data_sha256=data_sha256, plaintext=plaintext)
+            data_sha256=data_sha256)
         if outcome is Outcome.HELD:
             self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
         elif outcome is Outcome.PLACED:

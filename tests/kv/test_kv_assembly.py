@@ -16,7 +16,7 @@ from kvcs.kv.container import build_container
 from kvcs.kv.errors import ManifestError
 from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys
 from kvcs.kv.manifest import Manifest, Segment
-from kvcs.kv.payload import HEADER_SIZE, build_payload_bytes, data_digest
+from kvcs.kv.payload import build_payload_bytes, data_digest
 from kvcs.kv.secure import CipherSuite, ContentKey, SecureObjects
 from kvcs.kv.tracks import TrackName
 
@@ -547,39 +547,6 @@ def test_protected_tampering_is_a_missing_object(what: str) -> None:
     assert asm.stats.rejected == 1 and asm.missing()[0] == [0, 1, 2, 3]
     feed_layer_protected(asm, keys, 0)
     assert [x.index for x in asm.pop_ready()] == [0]  # the real object replaced it
-
-
-@pytest.mark.parametrize("what", sorted(_tampered(content_keys(1, 2))))
-def test_decrypted_elsewhere_then_accepted(what: str) -> None:
-    """decrypt() then accept(plaintext=, data_sha256=) (the Data hashed in a worker
-    thread) places what accept() alone places and refuses what it refuses: an object
-    that does not decrypt gives no plaintext, and accepting its payload rejects it."""
-    keys = content_keys(1, 2)
-    asm = protected(keys)
-    args = _tampered(keys)[what]
-    assert asm.decrypt(K, 0, 1, **args) is None
-    assert asm.accept(K, 0, 1, **args) is Outcome.REJECTED
-    for kind in (K, V):
-        for b in range(BLOCKS):
-            sent = sealed(keys, kind, 0, b)
-            text = asm.decrypt(kind, 0, b, **sent)
-            assert text is not None
-            digest = hashlib.sha256(memoryview(text)[HEADER_SIZE:]).digest()
-            asm.accept(kind, 0, b, **sent, plaintext=text, data_sha256=digest)
-    got = asm.pop_ready()
-    assert [x.index for x in got] == [0]
-    assert same(got[0].k, DATA[0][0]) and same(got[0].v, DATA[0][1])
-    assert asm.decrypt(K, 0, 1, **sealed(keys, K, 0, 1)) is None  # layer 0 was handed out
-    assert assembler().decrypt(K, 1, 1, payload=obj(K, 1, 1)) is None  # not protected
-
-
-def test_a_wrong_digest_of_the_plaintext_is_refused() -> None:
-    keys = content_keys(1)
-    asm = protected(keys)
-    sent = sealed(keys, K, 0, 0)
-    text = asm.decrypt(K, 0, 0, **sent)
-    assert asm.accept(K, 0, 0, **sent, plaintext=text, data_sha256=bytes(32)) is \
-        Outcome.REJECTED
 
 
 def feed_layer_protected(asm: LayerAssembler, keys: SecureObjects, layer: int) -> None:
