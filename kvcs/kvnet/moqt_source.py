@@ -113,6 +113,20 @@ class Intake:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._drain())
 
+    def put_run(self, run: SegmentRun, kind: Component, objs: Sequence[ReceivedObject],
+                track_properties: Properties, pub: Publication | None,
+                arrived: float) -> None:
+        """Queue objects of one track that arrived together, as :meth:`put` queues each."""
+        normal = ObjectStatus.NORMAL
+        items = [(run, kind, o, track_properties, pub, arrived) for o in objs
+                 if o.status == normal]
+        if not items:
+            return
+        self._pending += items
+        self.queued += len(items)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
     async def settle(self) -> None:
         """Wait until the objects queued so far (not those that arrive meanwhile) are
         verified and placed."""
@@ -369,9 +383,11 @@ class SegmentRun:
         """Give every object of a subscription or fetch to the retrieval's intake until
         it ends (each as it is parsed: a callback, no queue; those queued before through
         the iterator) and wait until they are all verified and placed."""
-        put = self.r.intake.put
+        put, put_run = self.r.intake.put, self.r.intake.put_run
         now = asyncio.get_running_loop().time
-        stream.deliver_to(lambda obj: put((self, kind, obj, track_properties, pub, now())))
+        # the objects parsed together (a read's run of this track) in one call each
+        stream.deliver_runs_to(
+            lambda objs: put_run(self, kind, objs, track_properties, pub, now()))
         async for obj in stream:
             put((self, kind, obj, track_properties, pub, now()))
         await self.r.intake.flush()

@@ -21,6 +21,7 @@ from kvcs.hosting import TrackHost
 from kvcs.moqt import events as ev
 from kvcs.moqt.errors import RequestErrorCode, SessionCode
 from kvcs.moqt.origin import Origin
+from kvcs.moqt.track import CachedObject
 from kvcs.moqt.wire import (
     AuthToken,
     Location,
@@ -156,6 +157,36 @@ async def test_track_80_groups_64_objects_32k_every_byte(srv: Srv, scheme: str) 
     assert sub.done is not None and sub.done.status == 0x2
     assert sub.done.stream_count == GROUPS  # one subgroup stream per group, no fill
     assert sub.reset_streams == []
+    await _close(sub_ep)
+
+
+async def test_deliver_runs_to_hands_every_object_once_in_order(srv: Srv) -> None:
+    """``deliver_runs_to``: the objects of a subscription are handed over in runs (those
+    parsed together), every object once, in order within its group, every byte; the
+    iterator then ends with the subscription."""
+    sub_ep, pub = await srv.connect()
+    track = pub.create_track(NS, b"runs")
+    sub = await sub_ep.subscribe(NS, b"runs", location_filter=LocationFilter.next_object(),
+                                 fill=Parameters(location_filter=LocationFilter.none()))
+    runs: list[list[tuple[int, int, int, bytes]]] = []
+    sub.deliver_runs_to(lambda objs: runs.append(
+        [(o.group_id, o.object_id, o.status, bytes(o.payload)) for o in objs]))
+    groups, per = 4, 64
+    for g in range(groups):  # q8-sized objects, a layer's run per group
+        run = [CachedObject(g, o, 0, 128, ObjectStatus.NORMAL, (), _payload(g, o)[:17000])
+               for o in range(per)]
+        run.append(CachedObject(g, per, 0, 128, ObjectStatus.END_OF_GROUP, (), b""))
+        pub.publish_run(track, run)
+    pub.publish(track, groups - 1, per + 1, b"", status=ObjectStatus.END_OF_TRACK)
+    assert [o async for o in sub] == []  # every object went to the callback
+    got = [x for r in runs for x in r]
+    assert sorted((g, o, b) for g, o, st, b in got if st == ObjectStatus.NORMAL) == [
+        (g, o, bytes(_payload(g, o)[:17000])) for g in range(groups) for o in range(per)]
+    assert len(got) == groups * (per + 1) + 1  # with End of Group x 4 and End of Track
+    for g in range(groups):
+        ids = [o for gg, o, st, _ in got if gg == g and st != ObjectStatus.END_OF_TRACK]
+        assert ids == list(range(per + 1))  # in order on the group's stream
+    assert all(runs)
     await _close(sub_ep)
 
 

@@ -226,7 +226,10 @@ class DataStreamParser:
             delta, p = decode_vi64(b, p)
         props: Properties = ()
         if self._props:
-            props, p = self._properties(b, p, n)
+            if p < n and not b[p]:  # no properties (the usual case): no call
+                p += 1
+            else:
+                props, p = self._properties(b, p, n)
         if p >= n:
             raise NeedMore
         c = b[p]
@@ -465,7 +468,9 @@ class DataStreamParser:
                 p = self._copy(mv, 0, n, out)
             if self._pending and p < n:
                 p = self._resume(mv, p, n, out)
-            parse = self._parse_struct
+            # a subgroup stream's objects straight to their parser (one call per object
+            # less than through _parse_struct)
+            parse = self._parse_subgroup_obj if self.kind == "subgroup" else self._parse_struct
             while p < n:
                 if self.kind == "padding":
                     break
@@ -480,6 +485,8 @@ class DataStreamParser:
                     if item is not None:
                         out.append(item)
                     p = q
+                    if self.kind == "subgroup":
+                        parse = self._parse_subgroup_obj
                     continue
                 end = q + ln
                 if end <= n:
