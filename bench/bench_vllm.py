@@ -20,7 +20,9 @@ instances of one configuration differ by a few percent):
 
 * each side runs on two instances started together (ExampleConnector on one, with as many
   runs as the kvcs side), the sides alternate round by round, and each side's figure is
-  its fastest run;
+  its fastest run; the headline ratios (and the curve's 2048-token point) run up to twice
+  their rounds while a side has fewer than :data:`MIN_CLEAN` clean runs (runs beside
+  which other users of the host used at most :data:`CLEAN_FOREIGN_CORES` cores);
 * every measurement starts only once every worker and this process (the relay) are idle:
   none used more than :data:`QUIET_MS` of CPU in the last :data:`QUIET_WINDOW_S`;
 * every worker runs with the allocator settings of ``examples/vllm_run.py`` (without
@@ -28,8 +30,9 @@ instances of one configuration differ by a few percent):
   on the next request, 0 to 215,000 page faults per 2048-token prefill depending on the
   instance and its history).
 
-Each run's wall time, the worker's CPU time and page faults, the wait for quiet and the
-load average are in ``vllm_runs``.
+Each run's wall time, the worker's CPU time and page faults, the relay's CPU, the CPU the
+host's other processes used meanwhile and the hypervisor stole, whether the run was clean,
+the wait for quiet and the load average are in ``vllm_runs``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ INSTANCES = 2
 QUIET_MS = 10.0
 QUIET_WINDOW_S = 0.2
 QUIET_TIMEOUT_S = 10.0
+CLEAN_FOREIGN_CORES = 0.2
+"""A run is clean when the host's other processes (other users) used at most this many
+cores on average meanwhile."""
+MIN_CLEAN = 2
+"""The headline ratios run up to ROUNDS more rounds while a side has fewer clean runs."""
 # idle vLLM workers use 1-3 ms of CPU per 0.2 s each, this process (relay, sampling) 2-8
 
 
@@ -87,6 +95,16 @@ def _faults(pid: int) -> int:
         return int(f.read().rpartition(")")[2].split()[7])
 
 
+def _host_cpu_s() -> tuple[float, float, float]:
+    """CPU seconds the host's cores were busy, stolen by the hypervisor, and in all so
+    far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle, steal = ticks[3] + ticks[4], ticks[7]  # idle + iowait; steal
+    return (sum(ticks) - idle - steal) / hz, steal / hz, sum(ticks) / hz
+
+
 class _Bench:
     """The workers, and one measurement at a time under equal conditions."""
 
@@ -112,11 +130,19 @@ class _Bench:
         """One request of one token on worker ``name`` once everything is quiet."""
         waited = await self.quiet()
         pid = self.pids[name]
-        load, cpu, faults = os.getloadavg()[0], _cpu_ns(pid), _faults(pid)
+        load, faults = os.getloadavg()[0], _faults(pid)
+        ours, host = {k: _cpu_ns(p) for k, p in self.pids.items()}, _host_cpu_s()
         out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
+        busy, steal, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
+        ours = {k: (_cpu_ns(p) - ours[k]) / 1e9 for k, p in self.pids.items()}
+        # the CPU the host's other processes (other users) used meanwhile
+        foreign = max(0.0, busy - sum(ours.values()))
         self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
-                          "s": round(out["seconds"], 3),
-                          "cpu_s": round((_cpu_ns(pid) - cpu) / 1e9, 3),
+                          "s": round(out["seconds"], 3), "cpu_s": round(ours[name], 3),
+                          "relay_cpu_s": round(ours["bench"], 3),
+                          "foreign_cpu_s": round(foreign, 2), "steal_s": round(steal, 2),
+                          "clean": foreign <= CLEAN_FOREIGN_CORES * out["seconds"],
+                          "host_busy": round((busy + steal) / total, 2) if total else 0.0,
                           "faults": _faults(pid) - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
                           "load": round(load, 1)})
@@ -130,19 +156,40 @@ class _Bench:
                 by.setdefault(x["worker"], []).append(f"{x['s']:.3f}")
         return "; ".join(f"{w} {' '.join(ts)}" for w, ts in by.items())
 
+    def clean_runs(self, section: str) -> dict[str, int]:
+        """Clean runs of a section by worker."""
+        by: dict[str, int] = {}
+        for x in self.runs:
+            if x["section"] == section:
+                by[x["worker"]] = by.get(x["worker"], 0) + x["clean"]
+        return by
+
     async def sides(self, section: str, a: list[str], b: list[str], rounds: int,
-                    tokens: Callable[[int, int], list[int]]) -> tuple[list[float], list[float]]:
+                    tokens: Callable[[int, int], list[int]],
+                    extra: int = 0) -> tuple[list[float], list[float]]:
         """``rounds`` rounds of every worker of side ``a`` and of side ``b``, the sides'
-        order alternating; ``tokens(round, k)`` is the prompt of the round's k-th worker of
+        order alternating, and up to ``extra`` more while a side has fewer than MIN_CLEAN
+        clean runs; ``tokens(round, k)`` is the prompt of the round's k-th worker of
         ``a + b``. The two sides' TTFTs."""
         ta: list[float] = []
         tb: list[float] = []
-        for i in range(rounds):
-            order = [(k, n, ta) for k, n in enumerate(a)]
-            order += [(len(a) + k, n, tb) for k, n in enumerate(b)]
-            for k, name, into in order if i % 2 == 0 else order[::-1]:
+        clean = {"a": 0, "b": 0}
+        i = 0
+        while i < rounds or (min(clean.values()) < MIN_CLEAN and i < rounds + extra):
+            order = [(k, n, ta, "a") for k, n in enumerate(a)]
+            order += [(len(a) + k, n, tb, "b") for k, n in enumerate(b)]
+            for k, name, into, side in order if i % 2 == 0 else order[::-1]:
                 into.append((await self.run(section, name, tokens(i, k)))["seconds"])
+                clean[side] += self.runs[-1]["clean"]
+            i += 1
         return ta, tb
+
+
+def _cpu_ratio(runs: list[dict[str, Any]], section: str, a: list[str],
+               b: list[str]) -> float:
+    def fastest(side: list[str]) -> float:
+        return min(x["cpu_s"] for x in runs if x["section"] == section and x["worker"] in side)
+    return round(fastest(a) / fastest(b), 3)
 
 
 async def _run(work: Path) -> dict[str, Any]:
@@ -194,7 +241,8 @@ async def _run(work: Path) -> dict[str, Any]:
                 await b.run("publish", producers[0], p)  # published once, loaded by every
                 # consumer run (vLLM's own prefix cache is off)
                 owns, hits = await b.sides(f"curve {n}", nones, consumers, CURVE_ROUNDS,
-                                           lambda i, k, p=p: p)
+                                           lambda i, k, p=p: p,
+                                           CURVE_ROUNDS if n == HEADLINE else 0)
                 cached = min(x["cached"] for x in b.runs
                              if x["section"] == f"curve {n}" and x["worker"] in consumers)
                 own, best = min(owns), min(hits)
@@ -207,12 +255,13 @@ async def _run(work: Path) -> dict[str, Any]:
                     r.update(own_s=own, hit_s=best, hit_cached=cached)
             # a miss: a prompt published by nobody, the same one on both sides
             miss_owns, misses = await b.sides("miss", nones, consumers, ROUNDS,
-                                              lambda i, k: _prompt(7000 + i, HEADLINE))
+                                              lambda i, k: _prompt(7000 + i, HEADLINE),
+                                              ROUNDS)
             # a prefill, until the relay holds it: a fresh prompt for each run (a producer
             # never publishes what the relay holds already)
             produced_owns, produced = await b.sides(
                 "producer", nones, producers, ROUNDS,
-                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE))
+                lambda i, k: _prompt(8000 + 10 * i + k, HEADLINE), ROUNDS)
             print(f"  miss runs: {b.runs_of('miss')}\n  producer runs: "
                   f"{b.runs_of('producer')} (load {os.getloadavg()[0]:.1f})", flush=True)
             r.update(miss_s=min(misses), miss_own_s=min(miss_owns), producer_s=min(produced),
@@ -220,14 +269,23 @@ async def _run(work: Path) -> dict[str, Any]:
             p = _prompt(HEADLINE, HEADLINE)  # published above
             await b.run("warm", "example", p)  # saves it to local disk
             ex, kv = await b.sides("example", ["example"] * INSTANCES, consumers, ROUNDS,
-                                   lambda i, k: p)
-            print(f"  hit runs: {b.runs_of('example')}", flush=True)
+                                   lambda i, k: p, ROUNDS)
+            print(f"  hit runs: {b.runs_of('example')}\n  clean runs (other users under "
+                  f"{CLEAN_FOREIGN_CORES} cores meanwhile): "
+                  + "; ".join(f"{sec} {b.clean_runs(sec)}"
+                              for sec in ("miss", "producer", "example")), flush=True)
             example_cached = [x["cached"] for x in b.runs if x["section"] == "example"
                               and x["worker"] == "example"]
             r.update(example_s=min(ex), example_kvcs_s=min(kv),
                      example_cached=min(example_cached))
             r["curve"] = curve
             r["runs"] = b.runs
+            r["clean"] = {sec: b.clean_runs(sec)
+                          for sec in (f"curve {HEADLINE}", "miss", "producer", "example")}
+            # the same comparisons in the workers' CPU time (fastest run of each side), less
+            # moved by other processes than wall time, though OpenMP's waiting spins count
+            r["miss_cpu"] = _cpu_ratio(b.runs, "miss", consumers, nones)
+            r["producer_cpu"] = _cpu_ratio(b.runs, "producer", producers, nones)
         finally:
             await asyncio.gather(*(w.close() for w in workers.values()))
     loads = [e for e in read_events(work / "consumer.jsonl") if e["event"] == "load"]
@@ -239,6 +297,8 @@ async def _run(work: Path) -> dict[str, Any]:
                if e["event"] == "lookup" and e["blocks"] == 0]
     r["miss_lookup_ms"] = round(1000 * max((e["seconds"] for e in lookups), default=0), 2)
     pubs = [e for e in read_events(work / "producer.jsonl") if e["event"] == "publish"]
+    r["publish_errors"] = [e["error"] for e in pubs if "error" in e]
+    pubs = [e for e in pubs if "error" not in e]
     r["publish_s"] = {e.get("blocks"): round(e.get("seconds", 0), 3) for e in pubs}
     # the sends after the forward pass, on shared cores (wait_for_save's wait)
     headline = [e for e in pubs if e.get("blocks") == HEADLINE // 128]
@@ -288,10 +348,14 @@ def main() -> dict[str, Any]:
         "publish_waited_s": r["publish_waited_s"],
         "publish_cpu_s": r["publish_cpu_s"],
         "failed_loads": r["failed_loads"],
+        "publish_errors": r["publish_errors"],
+        "miss_cpu_ratio": r["miss_cpu"],
+        "producer_cpu_ratio": r["producer_cpu"],
         "instances_per_side": INSTANCES,
         "workers_start_s": r["start_s"],
         "seconds": round(time.perf_counter() - t0, 1),
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "clean_runs": r["clean"],
         "vllm_runs": r["runs"],
     }
     print(f"vLLM CPU ({res['model']}; {HEADLINE}-token prompt, relay on 127.0.0.1; "
@@ -308,4 +372,8 @@ def main() -> dict[str, Any]:
           f"({res['example_cached_tokens']} tokens from disk)")
     print(f"  producer overhead {res['vllm_producer_overhead']:.3f} (target <= 1.15): "
           f"{res['producer_prefill_s']:.3f} s with publication vs {r['producer_own_s']:.3f} s")
+    print(f"  in the workers' CPU time (fastest runs): miss / none {r['miss_cpu']:.3f}, "
+          f"producer / none {r['producer_cpu']:.3f}"
+          + (f"; publications that failed: {r['publish_errors']}" if r["publish_errors"]
+             else ""))
     return res

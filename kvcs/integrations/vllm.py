@@ -64,6 +64,7 @@ from ..kv.errors import KvcsError
 from ..kv.ids import KvcsNamespace
 from ..kv.manifest import Manifest
 from ..kvnet.consumer import KvConsumer, Publication, RecomputeRequired
+from ..kvnet.offload import worker_affinity
 from ..kvnet.publisher import KvPublisher, PublisherOptions
 from .vllm_support import (
     ConnectorConfigError,
@@ -398,6 +399,12 @@ class KvcsConnector(KVConnectorBase_V1):
                  "sent after it (it shares its cores with the transfer thread)"
                  if self._shared_cores else "uses each loaded layer as it arrives and "
                  "publications are sent while it runs")
+        if self._shared_cores and self._transfer_cpus:
+            # the SHA-256 thread (kvcs.kvnet.offload) inherits the transfer thread's pin
+            # and then only takes turns with it on one core; here the forward pass is idle
+            # while a load or a publication is transferred, so it may hash on any core
+            with contextlib.suppress(OSError, AttributeError):
+                worker_affinity(os.sched_getaffinity(0))
         if sorted(self._layer_index.values()) != list(range(self.layers)):
             raise ConnectorConfigError(
                 f"kvcs: the model has {len(kv_caches)} attention caches, not one per layer "

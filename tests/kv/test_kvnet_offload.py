@@ -46,3 +46,24 @@ def test_the_event_loop_runs_while_the_worker_hashes() -> None:
         return ticks - before
 
     assert asyncio.run(main()) > 1
+
+
+def test_worker_affinity_moves_the_hashing_thread() -> None:
+    """A hashing thread started by a pinned thread inherits its pin; worker_affinity()
+    widens it again (the vLLM connector's transfer thread is pinned to one core)."""
+    import pytest
+
+    from kvcs.kvnet import offload
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    every = os.sched_getaffinity(0)
+    one = {min(every)}
+
+    def affinity() -> set[int]:
+        return offload._worker().submit(os.sched_getaffinity, 0).result()
+
+    offload.worker_affinity(one)
+    assert affinity() == one
+    offload.worker_affinity(every)
+    assert affinity() == every
