@@ -42,6 +42,7 @@ import glob
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -200,6 +201,16 @@ def _cpu_ratio(runs: list[dict[str, Any]], section: str, a: list[str],
     return round(fastest(a) / fastest(b), 3)
 
 
+def _median_ratio(runs: list[dict[str, Any]], section: str, a: list[str],
+                  b: list[str]) -> float:
+    """Side ``a``'s median TTFT over side ``b``'s: the fastest runs' ratio rests on one
+    run per side, the medians on all of them."""
+    def median(side: list[str]) -> float:
+        return statistics.median(x["s"] for x in runs
+                                 if x["section"] == section and x["worker"] in side)
+    return round(median(a) / median(b), 3)
+
+
 async def _run(work: Path) -> dict[str, Any]:
     import hf_model
     from vllm_run import Worker, read_events
@@ -294,6 +305,14 @@ async def _run(work: Path) -> dict[str, Any]:
             # moved by other processes than wall time, though OpenMP's waiting spins count
             r["miss_cpu"] = _cpu_ratio(b.runs, "miss", consumers, nones)
             r["producer_cpu"] = _cpu_ratio(b.runs, "producer", producers, nones)
+            r["medians"] = {
+                "vllm_ttft_speedup": _median_ratio(b.runs, f"curve {HEADLINE}", nones,
+                                                   consumers),
+                "vllm_miss_overhead": _median_ratio(b.runs, "miss", consumers, nones),
+                "vllm_vs_example_connector": _median_ratio(b.runs, "example", consumers,
+                                                           ["example"]),
+                "vllm_producer_overhead": _median_ratio(b.runs, "producer", producers,
+                                                        nones)}
         finally:
             await asyncio.gather(*(w.close() for w in workers.values()))
     loads = [e for e in read_events(work / "consumer.jsonl") if e["event"] == "load"]
@@ -359,6 +378,7 @@ def main() -> dict[str, Any]:
         "publish_errors": r["publish_errors"],
         "miss_cpu_ratio": r["miss_cpu"],
         "producer_cpu_ratio": r["producer_cpu"],
+        "median_ratios": r["medians"],
         "instances_per_side": INSTANCES,
         "workers_start_s": r["start_s"],
         "seconds": round(time.perf_counter() - t0, 1),
@@ -380,6 +400,8 @@ def main() -> dict[str, Any]:
           f"({res['example_cached_tokens']} tokens from disk)")
     print(f"  producer overhead {res['vllm_producer_overhead']:.3f} (target <= 1.15): "
           f"{res['producer_prefill_s']:.3f} s with publication vs {r['producer_own_s']:.3f} s")
+    print("  the same ratios of the medians: " + ", ".join(
+        f"{k.removeprefix('vllm_')} {v}" for k, v in r["medians"].items()))
     print(f"  in the workers' CPU time (fastest runs): miss / none {r['miss_cpu']:.3f}, "
           f"producer / none {r['producer_cpu']:.3f}"
           + (f"; publications that failed: {r['publish_errors']}" if r["publish_errors"]
