@@ -30,9 +30,9 @@ instances of one configuration differ by a few percent):
   on the next request, 0 to 215,000 page faults per 2048-token prefill depending on the
   instance and its history).
 
-Each run's wall time, the worker's CPU time and page faults, the relay's CPU, the CPU the
-host's other processes used meanwhile and the hypervisor stole, whether the run was clean,
-the wait for quiet and the load average are in ``vllm_runs``.
+Each run's wall time, the worker's CPU time and page faults, the relay's user CPU, the
+user CPU the host's other processes used meanwhile and what the hypervisor stole, whether
+the run was clean, the wait for quiet and the load average are in ``vllm_runs``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ QUIET_WINDOW_S = 0.2
 QUIET_TIMEOUT_S = 10.0
 CLEAN_FOREIGN_CORES = 0.2
 """A run is clean when the host's other processes (other users) used at most this many
-cores on average meanwhile."""
+cores on average in user space meanwhile."""
 MIN_CLEAN = 2
 """The headline ratios run up to ROUNDS more rounds while a side has fewer clean runs."""
 # idle vLLM workers use 1-3 ms of CPU per 0.2 s each, this process (relay, sampling) 2-8
@@ -89,20 +89,22 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
-def _faults(pid: int) -> int:
-    """Minor page faults of ``pid`` so far."""
+def _stat(pid: int) -> tuple[int, float]:
+    """Minor page faults and user CPU seconds of ``pid`` so far."""
     with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rpartition(")")[2].split()[7])
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[7]), int(fields[11]) / os.sysconf("SC_CLK_TCK")
 
 
-def _host_cpu_s() -> tuple[float, float, float]:
-    """CPU seconds the host's cores were busy, stolen by the hypervisor, and in all so
-    far (/proc/stat)."""
+def _host_cpu_s() -> tuple[float, float, float, float]:
+    """CPU seconds the host's cores spent in user space, busy in all, stolen by the
+    hypervisor, and in all so far (/proc/stat)."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
     hz = os.sysconf("SC_CLK_TCK")
     idle, steal = ticks[3] + ticks[4], ticks[7]  # idle + iowait; steal
-    return (sum(ticks) - idle - steal) / hz, steal / hz, sum(ticks) / hz
+    return ((ticks[0] + ticks[1]) / hz, (sum(ticks) - idle - steal) / hz, steal / hz,
+            sum(ticks) / hz)
 
 
 class _Bench:
@@ -130,20 +132,26 @@ class _Bench:
         """One request of one token on worker ``name`` once everything is quiet."""
         waited = await self.quiet()
         pid = self.pids[name]
-        load, faults = os.getloadavg()[0], _faults(pid)
-        ours, host = {k: _cpu_ns(p) for k, p in self.pids.items()}, _host_cpu_s()
+        load, (faults, _) = os.getloadavg()[0], _stat(pid)
+        cpu, user = _cpu_ns(pid), {k: _stat(p)[1] for k, p in self.pids.items()}
+        host = _host_cpu_s()
         out: dict[str, Any] = await self.workers[name].generate(tokens, max_tokens=1)
-        busy, steal, total = (b - a for a, b in zip(host, _host_cpu_s(), strict=True))
-        ours = {k: (_cpu_ns(p) - ours[k]) / 1e9 for k, p in self.pids.items()}
-        # the CPU the host's other processes (other users) used meanwhile
-        foreign = max(0.0, busy - sum(ours.values()))
+        host_user, busy, steal, total = (b - a for a, b in
+                                         zip(host, _host_cpu_s(), strict=True))
+        relay = self.pids["bench"]
+        # the user-space CPU the host's other processes (other users) used meanwhile, in
+        # clock ticks on both sides (the kernel's own threads and our packets' softirqs
+        # are not counted: they follow from our runs too)
+        foreign = max(0.0, host_user - sum(_stat(p)[1] - user[k]
+                                           for k, p in self.pids.items()))
         self.runs.append({"section": section, "worker": name, "tokens": len(tokens),
-                          "s": round(out["seconds"], 3), "cpu_s": round(ours[name], 3),
-                          "relay_cpu_s": round(ours["bench"], 3),
+                          "s": round(out["seconds"], 3),
+                          "cpu_s": round((_cpu_ns(pid) - cpu) / 1e9, 3),
+                          "relay_user_s": round(_stat(relay)[1] - user["bench"], 2),
                           "foreign_cpu_s": round(foreign, 2), "steal_s": round(steal, 2),
                           "clean": foreign <= CLEAN_FOREIGN_CORES * out["seconds"],
                           "host_busy": round((busy + steal) / total, 2) if total else 0.0,
-                          "faults": _faults(pid) - faults,
+                          "faults": _stat(pid)[0] - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
                           "load": round(load, 1)})
         return out
