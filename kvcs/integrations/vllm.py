@@ -16,8 +16,8 @@ Producer (``kv_producer``/``kv_both``): once a step completes a prompt's prefill
 copy per layer) and hands them to a :class:`~kvcs.kvnet.publisher.KvPublisher` on a
 background event loop, which publishes them as that layer's group while the next layer is
 computed (on a CPU host whose forward pass shares its cores with the transfer thread, the
-copies are sent once the forward pass is over); ``wait_for_save`` returns once the relay
-holds every layer (publish and go).
+layers are copied out and sent once the forward pass is over, from ``wait_for_save``);
+``wait_for_save`` returns once the relay holds every layer (publish and go).
 
 Consumer (``kv_consumer``/``kv_both``): ``get_num_new_matched_tokens`` makes ONE lookup in
 the scope's standing index (:class:`~kvcs.kvnet.discovery.NamespaceIndex`, one
@@ -209,9 +209,9 @@ class _Save:
         self.queue: asyncio.Queue[tuple[int, np.ndarray, np.ndarray] | None] = asyncio.Queue()
         self.future: Any = None
         self.layers = 0
-        self.held: list[tuple[int, np.ndarray, np.ndarray]] = []
-        """Layers copied out during the forward pass, sent once it is over (shared
-        cores: :attr:`KvcsConnector._shared_cores`)."""
+        self.held: list[tuple[int, torch.Tensor]] = []
+        """(layer, paged cache) of the layers to copy out and send once the forward pass
+        is over (shared cores: :attr:`KvcsConnector._shared_cores`)."""
 
 
 # --------------------------------------------------------------------------- connector
@@ -616,7 +616,7 @@ class KvcsConnector(KVConnectorBase_V1):
                       **kwargs: Any) -> None:
         """Copy this layer's blocks of each request finishing its prefill and hand them to
         its publisher (the forward pass goes on while they are sent; on shared cores they
-        are sent from :meth:`wait_for_save`, after the forward pass)."""
+        are copied and sent from :meth:`wait_for_save`, after the forward pass)."""
         if not self.is_producer:
             return
         meta = self._get_connector_metadata()
@@ -633,15 +633,17 @@ class KvcsConnector(KVConnectorBase_V1):
             if save is None:
                 save = self._saves[spec.req_id] = _Save(spec, loop)
                 save.future = self.bg.submit(self._publish(save))
-            k, v = self._layout.gather(kv, spec.block_ids)
             save.layers += 1
             if self._shared_cores:
                 # sent after the forward pass: sending beside it cost both (its OpenMP
                 # threads wait at each barrier for a descheduled one); alternating on one
                 # worker, SmolLM2-135M at 2048 tokens, 2 cores: prefill until the relay held
-                # it 1-7% faster (paired medians, 31 of 50 rounds; docs/vllm.md)
-                save.held.append((index, k, v))
+                # it 1-7% faster (paired medians, 31 of 50 rounds; docs/vllm.md). The
+                # copy out waits too: the layer's blocks stay as they are until the step
+                # ends, and wait_for_save copies layer l + 1 while l is being sent
+                save.held.append((index, kv))
                 continue
+            k, v = self._layout.gather(kv, spec.block_ids)
             loop.call_soon_threadsafe(save.queue.put_nowait, (index, k, v))
             if save.layers == self.layers:
                 loop.call_soon_threadsafe(save.queue.put_nowait, None)
@@ -685,21 +687,25 @@ class KvcsConnector(KVConnectorBase_V1):
                 "sending_cpu_s": time.thread_time() - cpu if first else 0.0}
 
     def wait_for_save(self) -> None:
-        """Send the layers held back on shared cores; return once the relay holds every
-        layer published in this step."""
-        saves, self._saves = self._saves, {}
-        for save in saves.values():
-            held: list[tuple[int, np.ndarray, np.ndarray] | None] = list(save.held)
-            save.held = []
-            if held or save.layers < self.layers:  # (fewer: the forward pass skipped layers)
-                held.append(None)
-            self.bg.loop.call_soon_threadsafe(_put_all, save.queue, held)
+        """Copy out and send the layers held back on shared cores (each layer handed to the
+        transfer thread as soon as it is copied); return once the relay holds every layer
+        published in this step."""
         t0 = time.perf_counter()
+        saves, self._saves = self._saves, {}
+        loop = self.bg.loop
+        for save in saves.values():
+            held, save.held = save.held, []
+            for index, kv in held:
+                loop.call_soon_threadsafe(save.queue.put_nowait,
+                                          (index, *self._layout.gather(kv, save.spec.block_ids)))
+            if held or save.layers < self.layers:  # (fewer: the forward pass skipped layers)
+                loop.call_soon_threadsafe(save.queue.put_nowait, None)
+        copied = time.perf_counter() - t0
         for rid, save in saves.items():
             try:
                 info = save.future.result(max(self.settings.recompute_budget_s, 30.0) + 30)
                 self.events.write("publish", req=rid, waited_s=time.perf_counter() - t0,
-                                  deferred=self._shared_cores, **info)
+                                  deferred=self._shared_cores, copied_s=copied, **info)
             except Exception as exc:
                 log.warning("kvcs: publishing request %s failed: %s", rid, exc)
                 self.events.write("publish", req=rid, error=str(exc))
@@ -738,11 +744,6 @@ def _shares_transfer_cores(transfer_cpus: list[int]) -> bool:
     except (AttributeError, OSError):  # not Linux: assume the scheduler shares them
         return True
     return not transfer_cpus or bool(mine & set(transfer_cpus))
-
-
-def _put_all(q: asyncio.Queue[Any], items: list[Any]) -> None:
-    for item in items:
-        q.put_nowait(item)
 
 
 def _layer_index(name: str) -> int:
