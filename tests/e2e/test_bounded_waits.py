@@ -13,7 +13,7 @@ import pytest
 
 from kvcs.endpoint import Endpoint
 from kvcs.kv.errors import ManifestError
-from kvcs.kvnet.consumer import KvConsumer, RecomputeRequired
+from kvcs.kvnet.consumer import KvConsumer, Publication, RecomputeRequired
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.moqt import events as ev
 from kvcs.moqt.wire import Fetch, Subscribe
@@ -23,6 +23,17 @@ from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .retrieval import layers_until_recompute
 
 BUDGET = 0.5
+
+
+async def discovered(consumer: KvConsumer) -> Publication:
+    """The consumer's discovery, asked again while it finds nothing: under the 0.5 s budget
+    one answer can come late on a loaded machine (a CI run at load 10-37 missed it once);
+    these tests are about what follows discovery."""
+    for _ in range(20):
+        found = await consumer.discover()
+        if found is not None:
+            return found
+    raise AssertionError("the publication was never discovered")
 
 
 class Stalled(Endpoint):
@@ -50,8 +61,7 @@ async def test_live_publisher_that_stops_sending(net: LocalNet) -> None:
         await pub.put_layer(i, *data[i])  # then nothing more; the session stays open
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
                           recompute_budget_s=BUDGET)
-    found = await consumer.discover()
-    assert found is not None
+    found = await discovered(consumer)
     t0 = time.monotonic()
     got, short = await layers_until_recompute(consumer.prefix_layers(found))
     elapsed = time.monotonic() - t0
@@ -72,8 +82,8 @@ async def test_fetch_of_a_completed_segment_never_answered(net: LocalNet) -> Non
     await pub.finish()  # complete: the consumer FETCHes, the relay waits upstream forever
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
                           recompute_budget_s=BUDGET)
-    found = await consumer.discover()
-    assert found is not None and consumer.manifests[found.fields].segments[0].complete
+    found = await discovered(consumer)
+    assert consumer.manifests[found.fields].segments[0].complete
     t0 = time.monotonic()
     with pytest.raises(RecomputeRequired) as info:
         _ = [x async for x in consumer.layers(found)]
@@ -108,8 +118,7 @@ async def test_slow_publication_that_keeps_progressing(net: LocalNet) -> None:
     await pub.start()
     consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT,
                           recompute_budget_s=budget)
-    found = await consumer.discover()
-    assert found is not None
+    found = await discovered(consumer)
 
     async def produce() -> None:
         for i, (k, v) in enumerate(data):
