@@ -25,11 +25,19 @@ CHILD_TIMEOUT = 180.0
 """Seconds a benchmark child may run before it is killed."""
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``, all its threads (Linux /proc)."""
+def process_stat(pid: int) -> tuple[int, float, float]:
+    """Minor page faults, user and system CPU seconds of process ``pid`` so far, all its
+    threads (Linux /proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(fields[7]), int(fields[11]) / hz, int(fields[12]) / hz
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads (Linux /proc)."""
+    _, user, system = process_stat(pid)
+    return user + system
 
 
 async def _message(conn: multiprocessing.connection.Connection, timeout: float) -> Any:

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._proc import process_stat
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
@@ -92,9 +94,8 @@ def _cpu_ns(pid: int) -> int:
 
 def _stat(pid: int) -> tuple[int, float]:
     """Minor page faults and user CPU seconds of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[7]), int(fields[11]) / os.sysconf("SC_CLK_TCK")
+    faults, user, _ = process_stat(pid)
+    return faults, user
 
 
 def _host_cpu_s() -> tuple[float, float, float, float]:
