@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kvcs.endpoint import Endpoint
+from kvcs.kvnet.reconnect import ReconnectingTarget
 from kvcs.relay import Relay
 from kvcs.testing import LocalNet
 from kvcs.transport import INTERNET_DATAGRAM_SIZE, DevCertificate, QuicSettings
@@ -31,6 +32,7 @@ class FaultNet(LocalNet):
                  settings: QuicSettings | None = None) -> None:
         super().__init__(cert, settings)
         self.proxies: list[ImpairmentProxy] = []
+        self.targets: list[ReconnectingTarget] = []
 
     async def __aenter__(self) -> FaultNet:
         return self
@@ -50,8 +52,27 @@ class FaultNet(LocalNet):
         self.endpoints.append(ep)
         return ep
 
+    async def reconnect(self, url: str) -> Endpoint:
+        """A new endpoint to ``url`` (a proxy's): a consumer's ``connect``, which reopens
+        the relay of an endpoint whose session ended."""
+        ep = await Endpoint.connect(url, cafile=str(self.cert.certfile),
+                                    settings=self.settings)
+        self.endpoints.append(ep)
+        return ep
+
+    async def reconnecting_via(self, proxy: ImpairmentProxy) -> ReconnectingTarget:
+        """A publish target on the relay behind ``proxy`` that reconnects (and announces
+        again) when its session ends."""
+        target = await ReconnectingTarget.connect(
+            f"moqt://127.0.0.1:{proxy.port}/", cafile=str(self.cert.certfile),
+            settings=self.settings)
+        self.targets.append(target)
+        return target
+
     async def aclose(self) -> None:
-        """Close every endpoint, then every proxy, then every relay."""
+        """Close every endpoint and publish target, then every proxy, then every relay."""
+        for target in self.targets:
+            await target.aclose()
         await self.close_endpoints()
         for proxy in self.proxies:
             await proxy.aclose()

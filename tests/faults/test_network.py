@@ -22,6 +22,8 @@ from kvcs.endpoint import Endpoint
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.kvnet.reconnect import ReconnectingTarget
+from kvcs.moqt.errors import SessionCode
+from kvcs.relay import Relay
 from kvcs.testing import reached
 from kvcs.transport import DevCertificate
 
@@ -35,20 +37,23 @@ from .workload import LARGE, SMALL, Layers, Result, Workload, consume, consumer,
 class Chain:
     """The three hops of one transfer, each behind its own proxy."""
 
-    publisher: Endpoint
+    publisher: Endpoint | ReconnectingTarget
     consumer: Endpoint
     pub_hop: ImpairmentProxy
     relay_hop: ImpairmentProxy
     consumer_hop: ImpairmentProxy
+    edge: Relay
 
     @property
     def proxies(self) -> list[ImpairmentProxy]:
         return [self.pub_hop, self.relay_hop, self.consumer_hop]
 
 
-async def chain(net: FaultNet, impairment: Impairment | None, seed: int) -> Chain:
+async def chain(net: FaultNet, impairment: Impairment | None, seed: int, *,
+                reconnecting: bool = False) -> Chain:
     """Origin and edge relay, publisher and consumer, a proxy on each hop impairing both
-    directions as ``impairment`` says (each direction of each hop its own seeded draw)."""
+    directions as ``impairment`` says (each direction of each hop its own seeded draw).
+    ``reconnecting``: the publisher is a :class:`ReconnectingTarget`."""
 
     def each() -> Impairment | None:
         return dataclasses.replace(impairment) if impairment is not None else None
@@ -58,8 +63,10 @@ async def chain(net: FaultNet, impairment: Impairment | None, seed: int) -> Chai
     relay_hop = await net.proxy(origin, seed=seed + 1, up=each(), down=each())
     edge = await net.relay(upstream=f"moqt://127.0.0.1:{relay_hop.port}/")
     consumer_hop = await net.proxy(edge, seed=seed + 2, up=each(), down=each())
-    return Chain(await net.client_via(pub_hop), await net.client_via(consumer_hop),
-                 pub_hop, relay_hop, consumer_hop)
+    publisher = await (net.reconnecting_via(pub_hop) if reconnecting
+                       else net.client_via(pub_hop))
+    return Chain(publisher, await net.client_via(consumer_hop), pub_hop, relay_hop,
+                 consumer_hop, edge)
 
 
 async def _produce(pub: KvPublisher, data: Layers, pause_s: float = 0.0) -> None:
@@ -72,14 +79,15 @@ async def _produce(pub: KvPublisher, data: Layers, pause_s: float = 0.0) -> None
 
 
 async def _live_past_layer_1(pub: KvPublisher, cons_ep: Endpoint, data: Layers,
-                             budget: float) -> tuple[KvConsumer, asyncio.Task[Result],
-                                                     asyncio.Task[None]]:
+                             budget: float, **options: object,
+                             ) -> tuple[KvConsumer, asyncio.Task[Result], asyncio.Task[None]]:
     """Start a live transfer (a layer every 0.1 s) from ``pub`` to a consumer on
-    ``cons_ep`` with ``budget``; return once it has yielded layer 1: (the consumer, its
-    retrieval, the production)."""
+    ``cons_ep`` with ``budget`` (``options``: more KvConsumer keywords); return once it has
+    yielded layer 1: (the consumer, its retrieval, the production)."""
     layer_1 = asyncio.Event()
     kv = consumer(cons_ep, recompute_budget_s=budget,
-                  on_progress=lambda _w, i, _n: i == 1 and layer_1.set())  # type: ignore
+                  on_progress=lambda _w, i, _n: i == 1 and layer_1.set(),  # type: ignore
+                  **options)
     await pub.start()
     found = await kv.discover()
     producing = asyncio.create_task(_produce(pub, data, pause_s=0.1))
@@ -96,12 +104,19 @@ async def _live_past_layer_1(pub: KvPublisher, cons_ep: Endpoint, data: Layers,
 async def transfer(cert: DevCertificate, impairment: Impairment | None, seed: int, *,
                    workload: Workload, live: bool, budget: float = 10.0) -> Result:
     """One transfer over a new chain: live (the consumer subscribes while the layers are
-    produced) or completed (FETCH after the publisher finished); judged."""
+    produced) or completed (FETCH after the publisher finished); judged.
+
+    Each peer recovers from a lost session as a deployment over such paths would: the
+    publisher is a :class:`ReconnectingTarget`, the consumer reopens its relay
+    (``connect``), the edge relay reconnects upstream. qh3 2.1 closes a connection now and
+    then under loss (docs/reliability.md, "qh3 and stream reservations": 2 of 10 runs of
+    the 1% live scenario lost the publisher's session, and the consumer, with nothing to
+    resume from, recomputed after its budget)."""
     async with FaultNet(cert, INTERNET) as net:
-        c = await chain(net, impairment, seed)
+        c = await chain(net, impairment, seed, reconnecting=True)
         data = workload.cache(seed)
         pub = workload.publisher(c.publisher)
-        kv = consumer(c.consumer, workload, recompute_budget_s=budget)
+        kv = consumer(c.consumer, workload, recompute_budget_s=budget, connect=net.reconnect)
         if live:
             await pub.start()
             found = await kv.discover()
@@ -156,6 +171,34 @@ async def test_one_percent_loss_every_hop(cert: DevCertificate,
                                           scenario: ScenarioRecord) -> None:
     """The fast one (in ``make test``): 8 MiB live through 1% loss on every hop."""
     await _impaired(cert, scenario, "loss 1%", 31, live=True)
+
+
+@pytest.mark.parametrize("hop", ["publisher", "upstream", "consumer"])
+async def test_a_session_lost_mid_transfer(cert: DevCertificate, scenario: ScenarioRecord,
+                                           hop: str) -> None:
+    """What qh3 2.1's stream-reservation error does to a connection (kvcs closes it with
+    INTERNAL_ERROR, docs/reliability.md), done on purpose to each hop's session once the
+    consumer has layer 1 of a live transfer: the publisher's (it reconnects and announces
+    again), the edge relay's upstream (it reconnects), the consumer's (it reopens its relay
+    and resumes). The transfer completes, every byte exact."""
+    async with FaultNet(cert, INTERNET) as net:
+        c = await chain(net, None, 61, reconnecting=True)
+        data = SMALL.cache(61)
+        pub = SMALL.publisher(c.publisher)
+        _, retrieval, producing = await _live_past_layer_1(pub, c.consumer, data, 30.0,
+                                                           connect=net.reconnect)
+        assert isinstance(c.publisher, ReconnectingTarget)
+        session = {"publisher": c.publisher.endpoint, "upstream": c.edge.upstream,
+                   "consumer": c.consumer}[hop]
+        assert session is not None
+        session.close(SessionCode.INTERNAL_ERROR, "qh3 stream reservation error")
+        got = (await retrieval).judge(data)
+        await producing
+        scenario.record(got)
+        assert got.complete, got.missing
+        assert got.wrong_tensors == 0 and got.bytes_lost == 0
+        if hop == "publisher":
+            assert c.publisher.sessions == 2
 
 
 @pytest.mark.faults
@@ -229,6 +272,7 @@ async def test_blackhole_longer_than_the_budget(cert: DevCertificate,
         assert sorted(got.missing) == list(range(n, SMALL.layers))
         assert time.monotonic() - began < 2 * budget + 1.0, answered
         await asyncio.sleep(max(0.0, began + 6.2 - time.monotonic()))  # the path is back
+        assert isinstance(c.publisher, Endpoint)
         assert not c.consumer.is_closed and not c.publisher.is_closed
         # QUIC's probe timeouts backed off during the 6 s: its next probe may come seconds
         # after the path is back (discovery went 5 s unanswered once), hence 30 s
