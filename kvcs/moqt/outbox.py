@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections import deque
 
 from . import events as ev
-from .actions import Action
+from .actions import Action, SendStreamData
 
 
 class Outbox:
     """Actions for the I/O binding and events for the application, in order."""
 
-    __slots__ = ("actions", "closed", "events")
+    __slots__ = ("_counted", "_counted_bytes", "actions", "closed", "events")
 
     def __init__(self) -> None:
         self.actions: list[Action] = []
@@ -25,6 +25,8 @@ class Outbox:
         self.events: deque[ev.Event] = deque()
         self.closed: tuple[int, str] | None = None
         """(code, reason) once the session is closed by either side."""
+        self._counted = 0  # actions[:_counted] are summed in _counted_bytes
+        self._counted_bytes = 0
 
     def emit(self, action: Action) -> None:
         """Queue an action for the binding (dropped once the session is closed)."""
@@ -39,4 +41,17 @@ class Outbox:
         """Return and clear the pending actions."""
         out = self.actions
         self.actions = []
+        self._counted = self._counted_bytes = 0
         return out
+
+    def stream_bytes(self) -> int:
+        """Stream data bytes in the pending actions (each action is counted once, so
+        asking after every write costs O(1) per action)."""
+        actions = self.actions
+        n = self._counted_bytes
+        for i in range(self._counted, len(actions)):
+            a = actions[i]
+            if type(a) is SendStreamData:
+                n += len(a.data)
+        self._counted, self._counted_bytes = len(actions), n
+        return n

@@ -137,6 +137,12 @@ class Session:
         return self._out.take_actions()
 
     @property
+    def pending_stream_bytes(self) -> int:
+        """Stream data bytes written in actions not yet taken (:meth:`actions`): what the
+        binding will hand to its send queue at its next flush."""
+        return self._out.stream_bytes()
+
+    @property
     def has_output(self) -> bool:
         """True if actions wait for the binding (something to send)."""
         return bool(self._out.actions)
