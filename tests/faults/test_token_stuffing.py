@@ -1,6 +1,8 @@
 """Requests stuffed with AUTHORIZATION_TOKEN parameters against a relay with a 100-token
 auth file, over real QUIC, while a good consumer with a valid token fetches a cached
-track through it: its fetch takes at most 1.5 times as long as with the flooder frozen.
+track through it: its fetch costs this process (relay and consumer) at most 1.5 times the
+CPU it costs with the flooder frozen, and takes at most 1.5 times as long unless the
+machine is saturated.
 
 Each stuffed SUBSCRIBE carries 16,200 tokens in one 64 KiB message (no valid token
 needed). Before issue 27 the relay decoded all of them (~32 ms of CPU) and compared each
@@ -11,8 +13,13 @@ the parameter count (``wire.MAX_PARAMETERS``) and closes that session.
 The flooder is a process of its own (``python -m tests.faults.test_token_stuffing``, the
 ``__main__`` part below), niced, that reconnects whenever the relay closes it. Fetch
 times are measured in alternating quiet and flooded phases of the same test (the flooder
-frozen with SIGSTOP, then let go); the ratio is the median over rounds, so that load
-changing on the shared machine hits both alike."""
+frozen with SIGSTOP, then let go); the ratios are medians over rounds, so that load
+changing on the shared machine hits both alike. The CPU ratio is what the relay's handling
+of the flood costs; the wall-time ratio also counts the flooder's own process on the same
+two cores: beside a `make test` (load 6) the fetches took 1.9x as long while flooded
+(quiet 0.28-1.19 s), a contention for cores that no relay could avoid, so on a saturated
+machine (more runnable threads than cores after most rounds) it is reported, not
+asserted."""
 
 from __future__ import annotations
 
@@ -76,13 +83,22 @@ def stuffed_subscribe(tokens: int = 16_200) -> Callable[[int], bytes]:
     return make
 
 
-async def _fetch_time(ep: Endpoint) -> float:
-    start = time.perf_counter()
+async def _fetch_time(ep: Endpoint) -> tuple[float, float]:
+    """Fetch the track FETCHES times: (seconds, CPU seconds of this process)."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(FETCHES):
         res = await ep.fetch(NS, b"big", location_filter=LocationFilter.none())
         got = sum(len(o.payload) for o in await res.collect(timeout=60))
         assert got == OBJECTS * OBJECT_SIZE
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _saturated() -> bool:
+    """More threads ready to run than this machine has cores (/proc/loadavg's runnable
+    count, this process's running thread excluded)."""
+    with open("/proc/loadavg") as f:
+        running = int(f.read().split()[3].split("/")[0])
+    return running - 1 > (os.cpu_count() or 1)
 
 
 @pytest.mark.faults
@@ -103,8 +119,9 @@ async def test_token_stuffed_requests_leave_a_good_fetch_its_time(
             sys.executable, "-m", "tests.faults.test_token_stuffing", str(relay.port),
             str(net.cert.certfile), cwd=ROOT, stdout=asyncio.subprocess.PIPE)
         assert flooder.stdout is not None
-        quiet: list[float] = []
-        flooded: list[float] = []
+        quiet: list[tuple[float, float]] = []
+        flooded: list[tuple[float, float]] = []
+        saturated = 0  # rounds that ended with the machine saturated
         try:
             assert (await asyncio.wait_for(flooder.stdout.readline(), 60)).strip() == b"ready"
             for _ in range(ROUNDS):
@@ -114,6 +131,7 @@ async def test_token_stuffed_requests_leave_a_good_fetch_its_time(
                 flooder.send_signal(signal.SIGCONT)
                 await asyncio.sleep(0.3)
                 flooded.append(await _fetch_time(good))
+                saturated += _saturated()
             flooder.terminate()
             report = json.loads(await asyncio.wait_for(flooder.stdout.readline(), 60))
         finally:
@@ -122,14 +140,22 @@ async def test_token_stuffed_requests_leave_a_good_fetch_its_time(
                 flooder.kill()
             await flooder.wait()
 
-    ratio = statistics.median(f / q for q, f in zip(quiet, flooded, strict=True))
-    print(f"\nfetch s quiet {[round(q, 2) for q in quiet]}, flooded "
-          f"{[round(f, 2) for f in flooded]}; median ratio {ratio:.2f}; flooder {report}")
+    pairs = list(zip(quiet, flooded, strict=True))
+    ratio = statistics.median(f[0] / q[0] for q, f in pairs)
+    cpu_ratio = statistics.median(f[1] / q[1] for q, f in pairs)
+    print(f"\nfetch s quiet {[round(q, 2) for q, _ in quiet]}, flooded "
+          f"{[round(f, 2) for f, _ in flooded]}; median ratio {ratio:.2f}, CPU "
+          f"{cpu_ratio:.2f}; machine saturated after {saturated} of {ROUNDS} rounds; "
+          f"flooder {report}")
     scenario.result = "fetch complete, stuffed sessions closed"
-    scenario.seconds = statistics.median(flooded)
+    scenario.seconds = statistics.median(f for f, _ in flooded)
     scenario.goodput_ratio = 1 / ratio
     assert report["sent"] > 0 and report["closed"] > 0, report
-    assert ratio <= 1.5, (quiet, flooded, report)
+    assert cpu_ratio <= 1.5, (quiet, flooded, report)
+    if saturated <= ROUNDS // 2:
+        assert ratio <= 1.5, (quiet, flooded, report)
+    else:
+        scenario.note(f"machine saturated: wall-time ratio {ratio:.2f} reported only")
 
 
 async def _flood_task(port: int, cafile: str, stop: asyncio.Event,
