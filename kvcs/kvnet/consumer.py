@@ -65,7 +65,9 @@ Procedures (kvcs-draft "Consumer Procedures"):
   manifest, a namespace subscription and an index lookup are bounded by the same budget.
   What was verified is kept: :attr:`RecomputeRequired.partial`;
 * interrupted transfers: when a subscription or fetch loses its source (the session ends,
-  the relay or the publisher goes away: PUBLISH_DONE GOING_AWAY, a reset fetch stream),
+  the relay or the publisher goes away: PUBLISH_DONE GOING_AWAY, a reset fetch stream, a
+  DOES_NOT_EXIST once objects of the publication have arrived: its publisher's session
+  ended and a ``ReconnectingTarget`` publishes it again),
   the transfer goes on after a short backoff, within the same no-progress budget: on the
   same endpoint, on another open one, or, when none is open, on the same relay reconnected
   through ``connect`` (a relay that restarted); a live segment is subscribed again from its

@@ -319,8 +319,15 @@ class SegmentRun:
                 await self._follow_current_group(ep, kind, name)
         except (MoqtRequestError, ConnectionError, SessionUsageError) as exc:
             log.warning("retrieval of %s failed: %s", name, exc)
-            if self.resumes or not isinstance(exc, MoqtRequestError) or exc.code in TRANSIENT:
-                self.interrupted = True  # the source went away (or again, once resumed)
+            # the source went away (or again, once resumed); a refusal of the first
+            # request is final (the publication is not there), unless this retrieval has
+            # received objects already: then the publication was there and its publisher
+            # lost its session mid-transfer (qh3 2.1's stream-reservation error closes
+            # it; a ReconnectingTarget publishes again within a second or two), so the
+            # run goes on within the no-progress budget
+            if self.resumes or self.r.intake.queued or \
+                    not isinstance(exc, MoqtRequestError) or exc.code in TRANSIENT:
+                self.interrupted = True
         finally:
             self.feeding -= 1
             self.r.progress.ready.set()
