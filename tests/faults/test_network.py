@@ -220,10 +220,14 @@ async def _blackholed(cert: DevCertificate, hop: str, seconds: float, budget: fl
     blackhole began, and the still open chain (the caller closes ``net``)."""
     net = FaultNet(cert, INTERNET)
     try:
-        c = await chain(net, None, 51)
+        # recovering from a lost session as in the impaired transfers: a blackhole's end
+        # brings the late ACKs in bursts that trigger qh3's stream-reservation error (it
+        # closed the publisher's session once in a make faults run at load 6)
+        c = await chain(net, None, 51, reconnecting=True)
         data = SMALL.cache(51)
         pub = SMALL.publisher(c.publisher)
-        _, retrieval, producing = await _live_past_layer_1(pub, c.consumer, data, budget)
+        _, retrieval, producing = await _live_past_layer_1(pub, c.consumer, data, budget,
+                                                           connect=net.reconnect)
         began = time.monotonic()
         getattr(c, hop).blackhole(seconds)
         result = (await retrieval).judge(data)
@@ -272,8 +276,8 @@ async def test_blackhole_longer_than_the_budget(cert: DevCertificate,
         assert sorted(got.missing) == list(range(n, SMALL.layers))
         assert time.monotonic() - began < 2 * budget + 1.0, answered
         await asyncio.sleep(max(0.0, began + 6.2 - time.monotonic()))  # the path is back
-        assert isinstance(c.publisher, Endpoint)
-        assert not c.consumer.is_closed and not c.publisher.is_closed
+        assert isinstance(c.publisher, ReconnectingTarget)
+        assert not c.consumer.is_closed and c.publisher.connected
         # QUIC's probe timeouts backed off during the 6 s: its next probe may come seconds
         # after the path is back (discovery went 5 s unanswered once), hence 30 s
         again = (await consume(consumer(c.consumer, recompute_budget_s=30.0))).judge(data)
