@@ -18,6 +18,7 @@ from random import Random
 
 import pytest
 
+from kvcs.backoff import Backoff
 from kvcs.endpoint import Endpoint
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
@@ -173,16 +174,22 @@ async def test_one_percent_loss_every_hop(cert: DevCertificate,
     await _impaired(cert, scenario, "loss 1%", 31, live=True)
 
 
-@pytest.mark.parametrize("hop", ["publisher", "upstream", "consumer"])
+@pytest.mark.parametrize("hop", ["publisher", "publisher back after 2 s", "upstream",
+                                 "consumer"])
 async def test_a_session_lost_mid_transfer(cert: DevCertificate, scenario: ScenarioRecord,
                                            hop: str) -> None:
     """What qh3 2.1's stream-reservation error does to a connection (kvcs closes it with
     INTERNAL_ERROR, docs/reliability.md), done on purpose to each hop's session once the
     consumer has layer 1 of a live transfer: the publisher's (it reconnects and announces
-    again), the edge relay's upstream (it reconnects), the consumer's (it reopens its relay
-    and resumes). The transfer completes, every byte exact."""
+    again; or only after 2 s, while the consumer's requests are refused DOES_NOT_EXIST),
+    the edge relay's upstream (it reconnects), the consumer's (it reopens its relay and
+    resumes). The transfer completes, every byte exact."""
     async with FaultNet(cert, INTERNET) as net:
         c = await chain(net, None, 61, reconnecting=True)
+        if hop == "publisher back after 2 s":
+            assert isinstance(c.publisher, ReconnectingTarget)
+            c.publisher.backoff = Backoff(initial=2.0, maximum=2.0, jitter=0.0)
+            hop = "publisher"
         data = SMALL.cache(61)
         pub = SMALL.publisher(c.publisher)
         _, retrieval, producing = await _live_past_layer_1(pub, c.consumer, data, 30.0,
