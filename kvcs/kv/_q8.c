@@ -164,6 +164,33 @@ static Py_ssize_t decode_row_f16c(const int8_t *q, float s, uint16_t *o, Py_ssiz
 }
 
 static int have_f16c;
+/* bfloat16 output with AVX2, 16 values at a time, for a row whose scale is finite: every
+ * product (float)q * s is then finite and at most 127 * 65504 in magnitude, so the rounding
+ * to nearest even of f32_to_bf16_saturating is one integer addition on the float's bits
+ * (the sign rides along: no carry reaches it) and its saturation and NaN cases cannot
+ * occur. GCC's vectorisation of the scalar loop below ran at 0.7 ns a value (a bfloat16
+ * block of 16 x 8 x 128 values: 12.1 us, 3.6x float32's), this at 0.2 (3.4 us). */
+__attribute__((target("avx2")))
+static Py_ssize_t decode_row_bf16_avx2(const int8_t *q, float s, uint16_t *o, Py_ssize_t dim) {
+    const __m256 vs = _mm256_set1_ps(s);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    Py_ssize_t j = 0;
+    for (; j + 16 <= dim; j += 16) {
+        __m256i r[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i w = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + j + 8 * h)))), vs));
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(w, 16), one);
+            r[h] = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(w, half), odd), 16);
+        }
+        /* packus packs within each 128-bit lane: put the four 64-bit quarters in order */
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+        _mm256_storeu_si256((__m256i *)(o + j), packed);
+    }
+    return j;
+}
+
+static int have_avx2;
 #endif
 
 /* The caller has checked that q holds no -128. The section may sit at any address (e.g. a
@@ -193,7 +220,11 @@ KERNEL static void decode_block(const char *restrict scales, const int8_t *restr
         } else {
             /* |q * s| <= 127 * 65504 for a finite s: only +-inf reach the clamp */
             uint16_t *o = (uint16_t *)out + r * dim;
-            for (Py_ssize_t j = 0; j < dim; j++) o[j] = f32_to_bf16_saturating((float)qr[j] * s);
+            Py_ssize_t j = 0;
+#if HAVE_F16C_PATH
+            if (have_avx2 && (s16 & 0x7c00u) != 0x7c00u) j = decode_row_bf16_avx2(qr, s, o, dim);
+#endif
+            for (; j < dim; j++) o[j] = f32_to_bf16_saturating((float)qr[j] * s);
         }
     }
 }
@@ -335,6 +366,7 @@ PyMODINIT_FUNC PyInit__q8(void) {
 #if HAVE_F16C_PATH
     __builtin_cpu_init();
     have_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    have_avx2 = __builtin_cpu_supports("avx2");
 #endif
     return PyModule_Create(&module);
 }

@@ -384,6 +384,26 @@ def test_q8_decode_matches_reference(case):
         assert outcome(decode_section, "q8", data, name, (b, h, d)).tobytes() == want
 
 
+@pytest.mark.parametrize("d", [16, 40, 128, 131])
+def test_q8_bfloat16_rows_match_reference(d):
+    """The compiled kernel's bfloat16 rows (a vector path for rows whose scale is finite,
+    the scalar one otherwise and for a row's tail) give the numpy reference's bits, for
+    every kind of scale: typical, any bit pattern (inf, NaN, subnormal, negative)."""
+    assert q8_compiled(), "kvcs.kv._q8 is not built: run make install (needs a C compiler)"
+    rng = np.random.default_rng(d)
+    b, h = 16, 8
+    typical = np.abs(rng.standard_normal(b * h)).astype(np.float16).view(np.uint16)
+    typical[: len(SPECIAL_SCALES)] = SPECIAL_SCALES
+    for scales in (typical, rng.integers(0, 2**16, b * h).astype(np.uint16)):
+        q = rng.integers(-127, 128, b * h * d).astype(np.int8)
+        q[:d] = np.arange(d) % 255 - 127  # every value, -127..127
+        data = scales.tobytes() + q.tobytes()
+        with np.errstate(all="ignore"):
+            want = codecs._q8_decode_reference(data, dtype_for("bfloat16"), (b, h, d))
+        got = decode_section("q8", data, "bfloat16", (b, h, d))
+        assert got.tobytes() == want.tobytes()
+
+
 def test_q8_layer_roundtrip_and_batched_errors(q8_impl):
     b, layer = 16, rand_block("float16", shape=(64, 8, 128), seed=5)
     sections = encode_sections("q8", layer, b)
