@@ -496,6 +496,45 @@ def block_decoder(codec: str | int | Codec, out: np.ndarray, block_tokens: int) 
     return any_block
 
 
+BlockRunDecoder = Callable[[Sequence[Buffer], int], int]
+"""Decodes sections into consecutive blocks ``first``, ``first + 1``, ... of the array it
+was made for; returns -1, or the index of the first section it refused (its block and the
+later ones are not written; the blocks before it are decoded)."""
+
+
+def block_run_decoder(codec: str | int | Codec, out: np.ndarray,
+                      block_tokens: int) -> BlockRunDecoder:
+    """A :data:`BlockRunDecoder` into ``out``, with :func:`block_decoder`'s checks: a run of
+    consecutive blocks (e.g. the objects of a layer that arrived together) decoded in one
+    call. ``q8`` into a C-contiguous ``out`` is one call of the compiled kernel for the
+    whole run (a section that does not fit, or holds -128, stops it there); any other
+    codec decodes section by section as the :func:`block_decoder` would. A refused
+    section's error is what the :func:`block_decoder` raises for it."""
+    one = block_decoder(codec, out, block_tokens)
+    rec = codec_record(codec)
+    b = block_tokens
+    _, h, d = out.shape
+    kernel = _q8_kinds().get(out.dtype) if rec.name == "q8" and _q8_kernels is not None else None
+    if kernel is not None and out.flags.c_contiguous and out.flags.aligned \
+            and out.dtype.byteorder != ">":
+        kind, view = kernel
+        flat = out.view(view)
+        rows, decode = b * h, _q8_kernels.decode
+
+        def q8_run(sections: Sequence[Buffer], first: int) -> int:
+            return decode(sections, kind, rows, d, flat[first * b:(first + len(sections)) * b])
+        return q8_run
+
+    def each(sections: Sequence[Buffer], first: int) -> int:
+        for i, data in enumerate(sections):
+            try:
+                one(data, first + i)
+            except ValueError:
+                return i
+        return -1
+    return each
+
+
 def decode_section_into(codec: str | int | Codec, data: Buffer, out: np.ndarray) -> None:
     """Decode one section into the preallocated ``(B, H, D)`` array ``out`` (see above)."""
     decode_sections_into(codec, (data,), out)

@@ -21,6 +21,7 @@ from .errors import DigestError, HeaderError
 
 __all__ = [
     "HEADER_SIZE",
+    "HEADER_STRUCT",
     "MAGIC",
     "VERSION",
     "PayloadHeader",
@@ -36,6 +37,10 @@ __all__ = [
 MAGIC = b"KVO1"
 VERSION = 1
 _HEADER = struct.Struct(">4sBBHIIQIHHI32s")
+HEADER_STRUCT = _HEADER
+"""The header's layout: (magic, version, component, flags, layer, block index, token start,
+token count, codec, reserved, data length, data digest); for a caller that reads many
+headers in one loop (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`)."""
 #: Size of the payload header in octets.
 HEADER_SIZE = _HEADER.size
 assert HEADER_SIZE == 68

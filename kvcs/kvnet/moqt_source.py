@@ -21,7 +21,6 @@ from ..kv.assembly import KvLayer, LayerArrays, LayerAssembler, Outcome, select_
 from ..kv.component import Component
 from ..kv.manifest import Manifest, Segment
 from ..kv.payload import HEADER_SIZE
-from ..kv.secure import effective_priority
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionUsageError
 from ..moqt.wire import (
     PARAM_OBJECTID_FILTER,
@@ -82,16 +81,22 @@ Received = tuple["SegmentRun", Component, ReceivedObject, Properties, "Publicati
 properties it inherits a priority from, the publication when another one's, when it
 arrived)."""
 
+_Run = tuple["SegmentRun", Component, list[ReceivedObject], Properties, "Publication | None",
+             float]
+"""Received objects of one track that arrived together, as :data:`Received` but a list."""
+
 
 class Intake:
     """The received objects of one retrieval on their way to the assemblers, in batches:
     the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
     the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
-    object is verified and placed on the event-loop thread, in arrival order. A batch is
-    what arrived while the previous one was hashed (at least one loop turn's)."""
+    object is verified and placed on the event-loop thread, in arrival order, the objects
+    of a track that arrived together in one call
+    (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`). A batch is what arrived while
+    the previous one was hashed (at least one loop turn's)."""
 
     def __init__(self) -> None:
-        self._pending: list[Received] = []
+        self._pending: list[_Run] = []
         self._task: asyncio.Task[None] | None = None
         self.queued = 0
         """Objects queued so far."""
@@ -106,24 +111,26 @@ class Intake:
 
     def put(self, item: Received) -> None:
         """Queue one object (others than normal ones are dropped: they carry no block)."""
-        if item[2].status != ObjectStatus.NORMAL:
+        run, kind, obj, track_properties, pub, arrived = item
+        if obj.status != ObjectStatus.NORMAL:
             return
-        self._pending.append(item)
-        self.queued += 1
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._drain())
+        self._queue((run, kind, [obj], track_properties, pub, arrived), 1)
 
     def put_run(self, run: SegmentRun, kind: Component, objs: Sequence[ReceivedObject],
                 track_properties: Properties, pub: Publication | None,
                 arrived: float) -> None:
         """Queue objects of one track that arrived together, as :meth:`put` queues each."""
         normal = ObjectStatus.NORMAL
-        items = [(run, kind, o, track_properties, pub, arrived) for o in objs
-                 if o.status == normal]
-        if not items:
-            return
-        self._pending += items
-        self.queued += len(items)
+        if all(o.status == normal for o in objs):
+            kept = objs if isinstance(objs, list) else list(objs)
+        else:
+            kept = [o for o in objs if o.status == normal]
+        if kept:
+            self._queue((run, kind, kept, track_properties, pub, arrived), len(kept))
+
+    def _queue(self, entry: _Run, count: int) -> None:
+        self._pending.append(entry)
+        self.queued += count
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._drain())
 
@@ -140,16 +147,18 @@ class Intake:
             while self._pending:
                 batch, self._pending = self._pending, []
                 # protected objects are hashed once decrypted, by the assembler
-                plain = [i for i, (run, *_) in enumerate(batch) if run.assembler.secure is None]
                 digests = await sha256_digests(
-                    [batch[i][2].payload[HEADER_SIZE:] for i in plain])
-                computed: list[bytes | None] = [None] * len(batch)
-                for i, digest in zip(plain, digests, strict=True):
-                    computed[i] = digest
-                for (run, kind, obj, props, pub, arrived), known in zip(batch, computed,
-                                                                        strict=True):
-                    run.take(kind, obj, props, pub, known, arrived)
-                self.done += len(batch)
+                    [o.payload[HEADER_SIZE:] for run, _, objs, *_ in batch
+                     if run.assembler.secure is None for o in objs])
+                at = 0
+                for run, kind, objs, props, pub, arrived in batch:
+                    if run.assembler.secure is None:
+                        known: Sequence[bytes | None] | None = digests[at:at + len(objs)]
+                        at += len(objs)
+                    else:
+                        known = None
+                    run.take_run(kind, objs, props, pub, known, arrived)
+                    self.done += len(objs)
                 self._settled.set()
         finally:
             self._task = None
@@ -250,28 +259,28 @@ class SegmentRun:
             other.block_keys_sha256 == self.seg.block_keys_sha256 and \
             all(t.format() in other.tracks for t in self.assembler.tracks.values())
 
-    def take(self, kind: Component, obj: ReceivedObject, track_properties: Properties,
-             pub: Publication | None, data_sha256: bytes | None,
-             arrived: float | None = None) -> None:
-        """Give one received object (of ``pub``, default this publication) to the
-        assembler (:class:`Intake` computed ``data_sha256``, the SHA-256 of its Data, if
-        not None); note progress (as of ``arrived``, when the object arrived), wake the
-        loop when a layer completed or the object waits for its content key.
-        ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK) give the priority an object
-        inherits (protected objects authenticate it)."""
-        outcome = self.assembler.accept(
-            kind, obj.group_id, obj.object_id, obj.payload,
-            publisher_priority=effective_priority(obj.publisher_priority, track_properties),
-            properties=obj.properties,
-            namespace=None if pub is None or pub is self.r.pub else pub.fields,
-            data_sha256=data_sha256)
-        if outcome is Outcome.HELD:
-            self.r.progress.ready.set()  # the loop's wait now ends at its key_wait_s
-        elif outcome is Outcome.PLACED:
-            self.r.progress.made(arrived)
-        elif outcome is Outcome.LAYER_COMPLETE:
-            self.r.progress.made(arrived)
-            self.r.progress.ready.set()
+    def take_run(self, kind: Component, objs: Sequence[ReceivedObject],
+                 track_properties: Properties, pub: Publication | None,
+                 data_sha256: Sequence[bytes | None] | None,
+                 arrived: float | None = None) -> None:
+        """Give received objects of one track that arrived together (of ``pub``, default
+        this publication) to the assembler in one call
+        (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`; :class:`Intake` computed
+        ``data_sha256``, the SHA-256 of each one's Data, if not None); note progress (as of
+        ``arrived``, when they arrived), wake the loop when a layer completed or an object
+        waits for its content key. ``track_properties`` (of the SUBSCRIBE_OK / FETCH_OK)
+        give the priority an object inherits (protected objects authenticate it)."""
+        outcomes = self.assembler.accept_run(
+            kind, objs, data_sha256=data_sha256, track_properties=track_properties,
+            namespace=None if pub is None or pub is self.r.pub else pub.fields)
+        progress = self.r.progress
+        if Outcome.PLACED in outcomes:
+            progress.made(arrived)
+        if Outcome.LAYER_COMPLETE in outcomes:
+            progress.made(arrived)
+            progress.ready.set()
+        elif Outcome.HELD in outcomes:
+            progress.ready.set()  # the loop's wait now ends at its key_wait_s
 
     # -- transfer --------------------------------------------------------------------
 

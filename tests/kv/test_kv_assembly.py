@@ -4,6 +4,7 @@ what is missing out."""
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -17,8 +18,9 @@ from kvcs.kv.errors import ManifestError
 from kvcs.kv.ids import CompatDescriptor, ScopeKey, block_keys
 from kvcs.kv.manifest import Manifest, Segment
 from kvcs.kv.payload import build_payload_bytes, data_digest
-from kvcs.kv.secure import CipherSuite, ContentKey, SecureObjects
+from kvcs.kv.secure import CipherSuite, ContentKey, SecureObjects, effective_priority
 from kvcs.kv.tracks import TrackName
+from kvcs.moqt.wire import ObjectRecord, ObjectStatus
 
 K, V, KV = Component.K, Component.V, Component.KV
 LAYERS = 3
@@ -687,3 +689,178 @@ def test_given_arrays_are_checked() -> None:
     asm = assembler(arrays=lambda layer: (np.zeros((B * BLOCKS, 2, 4), np.float16),) * 2)
     with pytest.raises(ValueError, match="arrays: K dtype float16"):
         asm.accept(K, 0, 0, obj(K, 0, 0))
+
+
+# ----------------------------------------------------------------- runs in one call
+
+
+def record(layer: int, block: int, payload: bytes, properties: tuple = (),
+           priority: int | None = None) -> ObjectRecord:
+    """An object as a subscription delivers it (payload a view of what was received)."""
+    return ObjectRecord(layer, block, 0, priority, ObjectStatus.NORMAL, properties,
+                        memoryview(payload))
+
+
+Run = tuple[Component, list[ObjectRecord], list[bytes | None] | None]
+
+
+def one_by_one(asm: LayerAssembler, kind: Component, recs: list[ObjectRecord],
+               sha: list[bytes | None] | None, namespace=None) -> list[Outcome]:
+    return [asm.accept(kind, r.group_id, r.object_id, r.payload,
+                       publisher_priority=effective_priority(r.publisher_priority),
+                       properties=r.properties, namespace=namespace,
+                       data_sha256=None if sha is None else sha[i])
+            for i, r in enumerate(recs)]
+
+
+def assert_runs_assemble_as_objects(make, runs: list[Run], caplog, namespace=None) -> None:
+    """accept_run on each run gives what accept gives object by object: the outcomes, the
+    failures logged (with their reasons), counters, what is missing, and the layers."""
+    caplog.set_level(logging.INFO, logger="kvcs.kv.assembly")
+    each, whole = make(), make()
+    caplog.clear()
+    want = [one_by_one(each, kind, recs, sha, namespace) for kind, recs, sha in runs]
+    want_log = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    got = [whole.accept_run(kind, recs, data_sha256=sha, namespace=namespace)
+           for kind, recs, sha in runs]
+    assert got == want
+    assert [r.getMessage() for r in caplog.records] == want_log
+    assert whole.stats == each.stats
+    assert whole.missing() == each.missing()
+    for a, b in ((each.partial(), whole.partial()), ):
+        assert sorted(a) == sorted(b)
+        assert all(same(a[i].k, b[i].k) and same(a[i].v, b[i].v) for i in a)
+    ready_each, ready_whole = each.pop_ready(), whole.pop_ready()
+    assert [x.index for x in ready_whole] == [x.index for x in ready_each]
+    for x, y in zip(ready_each, ready_whole, strict=True):
+        assert same(x.k, y.k) and same(x.v, y.v)
+
+
+def q8_refused(kind: Component, layer: int, block: int) -> bytes:
+    """An object whose Data digest is right but whose q8 Data holds -128: refused only by
+    the decoder."""
+    k, v = DATA[layer]
+    rows = slice(block * B, (block + 1) * B)
+    body = bytearray(encode_component(kind, "q8", k[rows], v[rows]))
+    body[-1] = 0x80
+    return build_payload_bytes(kind, layer, block, block * B, B, "q8", bytes(body))
+
+
+@pytest.mark.parametrize("codec", ["raw", "q8"])
+def test_a_run_assembles_as_its_objects(codec: str, caplog) -> None:
+    tracks = {kind: TrackName.data(kind, codec, 0) for kind in (K, V)}
+    good = {(kind, layer, b): obj(kind, layer, b, codec=codec)
+            for kind in (K, V) for layer in range(LAYERS) for b in range(BLOCKS + 1)}
+    sha = {key: hashlib.sha256(p[68:]).digest() for key, p in good.items()}
+    refused = q8_refused(K, 0, 2) if codec == "q8" else obj(K, 0, 2, codec=codec)[:-1]
+    k_run = [record(0, 0, good[K, 0, 0]), record(0, 1, good[K, 0, 1]),
+             record(0, 2, refused),  # refused by the decoder (q8) or by its length
+             record(0, 3, good[K, 0, 3]),
+             record(0, 1, good[K, 0, 1]),  # a duplicate
+             record(0, 2, good[K, 0, 2]),  # the refused block again: placed
+             record(0, 4, good[K, 0, 4]),  # excess
+             record(0, 2, good[K, 0, 2])]  # a duplicate of a block just placed
+    v_run = [record(0, 3, good[V, 0, 3]), record(0, 0, flip(good[V, 0, 0], -1)),
+             record(0, 1, good[V, 0, 1]), record(0, 2, good[V, 0, 2]),
+             record(1, 0, obj(V, 1, 0, codec=codec, token_start=5)),
+             record(1, 1, good[V, 1, 1]), record(2, 0, good[V, 2, 0])]
+    layer_1 = [record(1, b, good[K, 1, b]) for b in range(BLOCKS)]
+    runs: list[Run] = [
+        (K, k_run, None),
+        (V, v_run, [sha.get((V, r.group_id, r.object_id)) for r in v_run]),
+        (K, layer_1, [sha[K, 1, b] for b in range(BLOCKS)]),
+        (V, [record(0, 0, good[V, 0, 0])], None),  # completes layer 0
+        (V, [record(0, 0, good[V, 0, 0])], None),
+    ]
+    assert_runs_assemble_as_objects(
+        lambda: assembler(layers=range(LAYERS), tracks=tracks), runs, caplog)
+    # layers handed out by now are IGNORED in a later run
+    asm = assembler(tracks=tracks)
+    for kind in (K, V):
+        asm.accept_run(kind, [record(0, b, good[kind, 0, b]) for b in range(BLOCKS)])
+    assert [x.index for x in asm.pop_ready()] == [0]
+    assert asm.accept_run(K, [record(0, 0, good[K, 0, 0]), record(1, 0, good[K, 1, 0])]) \
+        == [Outcome.IGNORED, Outcome.PLACED]
+
+
+IN_A_RUN = {
+    "magic": flip(obj(K, 0, 2), 0),
+    "data (digest mismatch)": flip(obj(K, 0, 2), -1),
+    "digest field": flip(obj(K, 0, 2), 40),
+    "layer != group": obj(K, 1, 2),
+    "block index != object": obj(K, 0, 1),
+    "component v on the k track": obj(V, 0, 2),
+    "token start": obj(K, 0, 2, token_start=0),
+    "codec": obj(K, 0, 2, codec="zstd"),
+    "truncated": obj(K, 0, 2)[:-1],
+    "longer": obj(K, 0, 2) + b"\0",
+    "shorter than the header": obj(K, 0, 2)[:60],
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("what", sorted(IN_A_RUN))
+@pytest.mark.parametrize("hashed", [False, True])
+def test_a_tampered_object_inside_a_run(what: str, hashed: bool, caplog) -> None:
+    """Every check of accept holds for an object in the middle of a run: it is rejected
+    (with accept's reason), its neighbours are placed, its block stays missing."""
+    payload = IN_A_RUN[what]
+    recs = [record(0, b, payload if b == 2 else obj(K, 0, b)) for b in range(BLOCKS)]
+    sha = [hashlib.sha256(r.payload[68:]).digest() for r in recs] if hashed else None
+    assert_runs_assemble_as_objects(assembler, [(K, recs, sha)], caplog)
+    asm = assembler()
+    assert asm.accept_run(K, recs, data_sha256=sha) == [
+        Outcome.PLACED, Outcome.PLACED, Outcome.REJECTED, Outcome.PLACED]
+    assert asm.stats.rejected == 1 and asm.missing()[0] == [0, 1, 2, 3]
+    feed_layer(asm, 0, kinds=(V,))
+    assert asm.missing()[0] == [2]
+
+
+def test_a_run_checks_the_listed_digests(caplog) -> None:
+    """An object whose digest is not the one the manifest lists is rejected in a run too
+    (here a block of another cache, self-consistent)."""
+    other = cache(seed=2)
+    recs = [record(0, b, obj(K, 0, b, other if b == 1 else None)) for b in range(BLOCKS)]
+
+    def make() -> LayerAssembler:
+        asm = assembler()
+        asm.use_manifest(manifest(LAYERS))
+        return asm
+
+    assert_runs_assemble_as_objects(make, [(K, recs, None)], caplog)
+    asm = make()
+    assert asm.accept_run(K, recs)[1] is Outcome.REJECTED
+
+
+def test_a_run_of_objects_with_properties_or_protected(caplog) -> None:
+    """Objects with properties (a protected publication's) go through accept: decrypted,
+    then verified; tampered ones rejected as one by one; the same for in-band ones and
+    for plaintext objects in a retrieval that has keys."""
+    keys = content_keys(1, 2)
+    runs: list[Run] = []
+    for kind in (K, V):
+        recs = []
+        for b in range(BLOCKS):
+            args = sealed(keys, kind, 0, b, in_band=b == 3)
+            recs.append(record(0, b, args["payload"], args.get("properties", ()),
+                               args["publisher_priority"]))
+        runs.append((kind, recs, [bytes(32)] * BLOCKS))  # a digest of ciphertext: ignored
+    tampered = _tampered(keys)
+    bad = [tampered[w] for w in ("flipped tag byte", "plaintext", "no key id")]
+    runs.append((K, [record(0, 1, a["payload"], a.get("properties", ()),
+                            a.get("publisher_priority")) for a in bad], None))
+    assert_runs_assemble_as_objects(lambda: protected(keys), runs, caplog,
+                                    namespace=PROTECTED_NS)
+    # without keys, protected objects in a run are refused (keys are needed)
+    plain = runs[0][1]
+    assert_runs_assemble_as_objects(assembler, [(K, plain, None)], caplog)
+    assert set(assembler().accept_run(K, plain)) == {Outcome.REJECTED}
+
+
+def test_a_joint_kv_run_and_a_track_not_selected(caplog) -> None:
+    kv_tracks = {KV: TrackName.data(KV, "raw", 0)}
+    recs = [record(0, b, obj(KV, 0, b)) for b in range(BLOCKS)]
+    assert_runs_assemble_as_objects(lambda: assembler(tracks=kv_tracks),
+                                    [(KV, recs, None)], caplog)
+    assert_runs_assemble_as_objects(assembler, [(KV, recs, None)], caplog)

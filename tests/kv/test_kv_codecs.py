@@ -16,6 +16,7 @@ from kvcs.kv import codecs
 from kvcs.kv.codecs import (
     CODECS,
     block_decoder,
+    block_run_decoder,
     codec_name,
     codec_value,
     decode_kv,
@@ -514,6 +515,41 @@ def test_block_decoder_is_decode_sections_into_per_block(codec, layout, q8_impl)
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         block_decoder(codec, out, 4)
+
+
+@pytest.mark.parametrize("codec", ["raw", "q8", "zstd"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_block_run_decoder_is_the_block_decoder_per_run(codec, layout, q8_impl):
+    """A run decoder writes what the block decoder writes for each block of the run, and
+    stops at the first section it refuses (returns its index; nothing of it written)."""
+    layer = rand_block("bfloat16", shape=(24, 3, 16), seed=9)
+    sections = encode_sections(codec, layer, 4)  # six blocks
+    want = np.empty_like(layer)
+    decode_sections_into(codec, sections, want)
+
+    def fresh():
+        if layout == "strided":
+            return np.zeros((24, 6, 16), dtype=layer.dtype)[:, ::2]
+        return np.zeros_like(layer)
+
+    out = fresh()
+    run = block_run_decoder(codec, out, 4)
+    assert run(sections[1:4], 1) == -1 and run(sections[4:], 4) == -1
+    assert run(sections[:1], 0) == -1
+    assert out.tobytes() == want.tobytes()
+    bad = bytearray(sections[2])
+    if codec == "q8":
+        bad[-1] = 0x80  # -128: only the decoder sees it
+    else:
+        del bad[-1]
+    out = fresh()
+    run = block_run_decoder(codec, out, 4)
+    assert run([sections[1], bytes(bad), sections[3]], 1) == 1
+    u16 = out.view(np.uint16)
+    assert u16[4:8].tobytes() == want.view(np.uint16)[4:8].tobytes()  # block 1 decoded
+    assert not u16[8:].any()  # the refused block 2 and block 3 after it: not written
+    with pytest.raises(CodecError):
+        block_decoder(codec, out, 4)(bytes(bad), 2)  # the error a caller reports
 
 
 def test_block_decoder_refuses_q8_minus_128(q8_impl):
