@@ -18,6 +18,7 @@ from kvcs.kv.errors import ContainerError
 from kvcs.kv.ids import ScopeKey, block_keys, scope_id
 from kvcs.kv.store import BlockStore, store_cache
 from kvcs.kvnet.kvsp_http import CONTENT_TYPE, MAX_LOOKUP_KEYS, KvspClient, KvspError, KvspServer
+from kvcs.testing import until
 from kvcs.transport import DevCertificate
 
 from .tiny import SCOPE, SID, tiny_descriptor
@@ -212,19 +213,18 @@ async def test_register_rejects_malformed_records(server: KvspServer, cert: DevC
 
 async def test_expired_containers_are_not_served_and_are_swept(
         tmp_path: Path, cert: DevCertificate) -> None:
-    import asyncio
-
     rng = np.random.default_rng(4)
     ks = [rng.standard_normal((12, 2, 8)).astype(np.float16) for _ in range(2)]
     store = BlockStore(tmp_path / "short")
-    store_cache(store, DESC, SCOPE, TOKENS, ks, ks, retention_s=0.4)
+    # 3 s: the server's start and the first requests come well within it on a loaded
+    # machine (with 0.4 s they did not, at load 8); the sweep is waited for, bounded
+    store_cache(store, DESC, SCOPE, TOKENS, ks, ks, retention_s=3.0)
     srv = KvspServer(store, authorizer=AUTH, certfile=str(cert.certfile),
                      keyfile=str(cert.keyfile), sweep_interval=0.1)
     async with srv, _client(srv, cert) as client:
         assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is not None
         assert sorted(await client.lookup(SID, DESC.compat_id, KEYS)) == sorted(KEYS)
-        await asyncio.sleep(0.6)
         # swept: gone from disk without anyone asking for them
-        assert not any(store.root.rglob("*.kvsp"))
+        await until(lambda: not any(store.root.rglob("*.kvsp")), timeout=30)
         assert await client.get_block(SID, DESC.compat_id, KEYS[0]) is None
         assert await client.lookup(SID, DESC.compat_id, KEYS) == {}
