@@ -620,7 +620,17 @@ class LayerAssembler:
         digests, full = buf.digests, 2 * len(buf.have_k)
         while run:
             bad = place_run([v[2] for v in run], buf, first)
-            for i, block, _data, digest, size in run if bad < 0 else run[:bad]:
+            done = run if bad < 0 else run[:bad]
+            if bad >= 0:
+                i, block, data, _digest, _size = run[bad]
+                try:
+                    self._placers[kind](data, buf, block)  # raises the section's own error
+                except (VerificationError, ValueError) as exc:
+                    self._reject(kind, layer, block, exc)
+                    outcomes[i] = Outcome.REJECTED
+                else:  # pragma: no cover - the block decoder took it after all: placed
+                    done = run[:bad + 1]
+            for i, block, _data, digest, size in done:
                 have[block] = 1  # not placed before: checked when the run was made
                 buf.placed += 1
                 digests[(kind, block)] = digest  # checked when the manifest lists the layer
@@ -629,20 +639,8 @@ class LayerAssembler:
                 outcomes[i] = Outcome.LAYER_COMPLETE if buf.placed == full else Outcome.PLACED
             if bad < 0:
                 return
-            i, block, data, digest, size = run[bad]
-            try:
-                self._placers[kind](data, buf, block)  # raises the section's own error
-            except (VerificationError, ValueError) as exc:
-                self._reject(kind, layer, block, exc)
-                outcomes[i] = Outcome.REJECTED
-            else:  # pragma: no cover - the run decoder refused what the block decoder takes
-                buf.mark(kind, block)
-                digests[(kind, block)] = digest
-                stats.objects += 1
-                stats.bytes += size
-                outcomes[i] = Outcome.LAYER_COMPLETE if buf.complete() else Outcome.PLACED
             run = run[bad + 1:]
-            first = block + 1
+            first = run[0][1] if run else first
 
     def _reject(self, kind: Component, layer: int, block: int, reason: object) -> None:
         self.stats.rejected += 1

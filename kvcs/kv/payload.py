@@ -36,13 +36,12 @@ __all__ = [
 
 MAGIC = b"KVO1"
 VERSION = 1
-_HEADER = struct.Struct(">4sBBHIIQIHHI32s")
-HEADER_STRUCT = _HEADER
+HEADER_STRUCT = struct.Struct(">4sBBHIIQIHHI32s")
 """The header's layout: (magic, version, component, flags, layer, block index, token start,
 token count, codec, reserved, data length, data digest); for a caller that reads many
 headers in one loop (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`)."""
 #: Size of the payload header in octets.
-HEADER_SIZE = _HEADER.size
+HEADER_SIZE = HEADER_STRUCT.size
 assert HEADER_SIZE == 68
 _DIGEST_AT = HEADER_SIZE - 32  # the Data Digest is the header's last field
 
@@ -72,7 +71,7 @@ class PayloadHeader:
 
     def header_bytes(self) -> bytes:
         """Re-encode the 68-octet header."""
-        return _HEADER.pack(
+        return HEADER_STRUCT.pack(
             MAGIC,
             VERSION,
             self.component,
@@ -126,7 +125,7 @@ def build_payload(
     n = mv.nbytes
     _check_uint("data length", n, _U32_MAX)
     digest = hashlib.sha256(mv).digest()
-    header = _HEADER.pack(
+    header = HEADER_STRUCT.pack(
         MAGIC, VERSION, comp, 0, layer, block_index, token_start, token_count, codec_v, 0, n, digest
     )
     return header, data
@@ -165,7 +164,7 @@ def build_headers(
     _check_uint("token_start", token_start, _U64_MAX)
     _check_uint("token_count", token_count, _U32_MAX)
     _check_uint("token_start", token_start + last * token_count, _U64_MAX)
-    pack = _HEADER.pack
+    pack = HEADER_STRUCT.pack
     out = []
     for i, (data, digest) in enumerate(zip(sections, digests, strict=True)):
         n = memoryview(data).nbytes
@@ -197,7 +196,7 @@ def _parse(mv: memoryview) -> PayloadHeader:
     if len(mv) < HEADER_SIZE:
         raise HeaderError(f"payload is {len(mv)} octets, shorter than the 68-octet header")
     (magic, version, comp, flags, layer, block, tstart, tcount, codec, reserved, dlen, digest) = (
-        _HEADER.unpack_from(mv)
+        HEADER_STRUCT.unpack_from(mv)
     )
     if magic != MAGIC:
         raise HeaderError(f"bad magic {magic!r}")
