@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
@@ -102,7 +103,10 @@ class _Stream:
     def __init__(self, endpoint: Endpoint, request_id: int) -> None:
         self.endpoint = endpoint
         self.request_id = request_id
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # a deque and one waiter, not an asyncio.Queue: its put and get cost a subscriber
+        # ~2 us per object (docs/perf-profile.md, "The MOQT object path")
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._finished = False
         self.markers: list[EndOfRange] = []
@@ -133,30 +137,49 @@ class _Stream:
         if self._deliver_runs is not None:
             self._deliver_runs([item])
             return
-        self._queue.put_nowait(item)
+        self._items.append(item)
+        self._wake()
+
+    def _queue_run(self, items: list[ReceivedObject]) -> None:
+        """Queue objects for the iterator (no callback is set)."""
+        self._items.extend(items)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
         if not self._finished:
             self._finished = True
             self._error = exc
-            self._queue.put_nowait(_END)
+            self._items.append(_END)
+            self._wake()
 
     def _end(self) -> None:
         if not self._finished:
             self._finished = True
-            self._queue.put_nowait(_END)
+            self._items.append(_END)
+            self._wake()
 
     def __aiter__(self) -> AsyncIterator[ReceivedObject]:
         return self
 
     async def __anext__(self) -> ReceivedObject:
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)
+        items = self._items
+        while not items:
+            waiter = self._waiter
+            if waiter is None or waiter.done():  # done: cancelled with its last awaiter
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        if items[0] is _END:  # stays queued: the iterator keeps ending
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration
-        return item
+        return items.popleft()  # type: ignore[no-any-return]
 
     async def collect(self, timeout: float | None = None) -> list[ReceivedObject]:
         """Read every object until the end (with an optional overall timeout)."""
@@ -528,8 +551,12 @@ class Endpoint(OriginPublisher, BoundSession):
                     # the objects of this request queued right behind this one go with it
                     more = self.session.next_objects(e.request_id)
                     runs([_received(x) for x in (e, *more)] if more else [_received(e)])
-                else:
-                    target._put(_received(e))
+                elif target._deliver is not None:
+                    target._deliver(_received(e))
+                else:  # for the iterator: the run in one call too
+                    more = self.session.next_objects(e.request_id)
+                    target._queue_run([_received(x) for x in (e, *more)] if more
+                                      else [_received(e)])
             return
         rid = getattr(e, "request_id", None)
         target = self._requests.get(rid) if rid is not None else None

@@ -74,6 +74,12 @@ per write, as :meth:`DataStreams.write_object` writes them; smaller ones share a
 (three 16.6 KiB ``q8`` objects): the scheduler entry, refill turn and qh3 call a write
 costs are paid per 64 KiB, not per object (docs/perf-profile.md, q8)."""
 
+JOIN_WRITE_LIMIT = JOIN_WRITE_BYTES + 1024
+"""The most objects written one by one on a stream share in one joined write
+(:meth:`Outbox.write_joined <kvcs.moqt.outbox.Outbox.write_joined>`): the scheduler's
+chunk plus room for the prefixes, so that two 32 KiB objects (65,548 bytes with their
+6-byte prefixes) go out as one write and one qh3 ``send_stream`` call."""
+
 
 @dataclass(slots=True, eq=False)
 class _Incoming:
@@ -425,13 +431,10 @@ class DataStreams:
             return False
         prefix = self._subgroup_writer(stream_id, s).object_prefix(
             object_id, len(payload), status, properties)
-        actions = self._out.actions  # the hot path: one append per object
-        if payload:
-            # one write of prefix + payload: the copy (~2 us for 32 KiB) costs less than
-            # a second trip through the scheduler and qh3's send_stream (JOIN_RUN_BELOW)
-            actions.append(SendStreamData(stream_id, b"".join((prefix, payload)), end))
-        else:
-            actions.append(SendStreamData(stream_id, prefix, end))
+        # one write of prefix + payload, shared with the objects written just before it
+        # on this stream (Outbox.write_joined): the copy (~2 us for 32 KiB) costs less
+        # than a second trip through the scheduler and qh3's send_stream (JOIN_RUN_BELOW)
+        self._out.write_joined(stream_id, prefix, payload, end, JOIN_WRITE_LIMIT)
         if end:
             self._closed(stream_id, s)
         return True
@@ -446,12 +449,12 @@ class DataStreams:
         prefix = self._subgroup_writer(stream_id, s).object_prefix
         actions = self._out.actions
         last = len(objs) - 1
-        if not last:  # a run of one: a producer's single publish
+        if not last:  # a run of one: a producer's single publish (see write_object)
             o = objs[0]
             payload = o.payload
-            head = prefix(o.object_id, len(payload), o.status, o.properties)
-            actions.append(SendStreamData(
-                stream_id, b"".join((head, payload)) if payload else head, end))
+            self._out.write_joined(
+                stream_id, prefix(o.object_id, len(payload), o.status, o.properties),
+                payload, end, JOIN_WRITE_LIMIT)
         elif sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:
             # joined writes of up to JOIN_WRITE_BYTES each
             run: list[bytes | memoryview] = []

@@ -190,6 +190,24 @@ async def test_deliver_runs_to_hands_every_object_once_in_order(srv: Srv) -> Non
     await _close(sub_ep)
 
 
+async def test_an_iterator_stopped_while_waiting_goes_on_with_the_next_object(
+        srv: Srv) -> None:
+    """A subscription's iterator whose waiting caller gave up (cancelled) still yields
+    every later object, once, and ends with the subscription."""
+    sub_ep, pub = await srv.connect()
+    track = pub.create_track(NS, b"wait")
+    sub = await sub_ep.subscribe(NS, b"wait", location_filter=LocationFilter.next_object())
+    with pytest.raises(TimeoutError):  # nothing was published: the wait is given up
+        await asyncio.wait_for(anext(sub), 0.05)
+    for o in range(3):
+        pub.publish(track, 0, o, _payload(0, o))
+    pub.publish(track, 0, 3, b"", status=ObjectStatus.END_OF_TRACK)
+    got = [(o.object_id, bytes(o.payload)) async for o in sub]
+    assert got == [(o, bytes(_payload(0, o))) for o in range(3)] + [(3, b"")]
+    assert [o async for o in sub] == []  # ended: it stays ended
+    await _close(sub_ep)
+
+
 # ------------------------------------------------------------------- exactly once
 
 

@@ -658,3 +658,31 @@ def test_a_large_run_of_small_objects_shares_writes() -> None:
     got = [o for o in objs if o.record.status == wire.ObjectStatus.NORMAL]
     assert [bytes(o.record.payload) for o in got] == payloads
     assert [o.location for o in objs] == [L(0, o) for o in range(len(payloads) + 1)]
+
+
+def test_objects_added_one_by_one_share_joined_writes() -> None:
+    """Objects added one at a time (a producer's single publishes, each its own call
+    chain) before the binding takes the session's actions go out two 32 KiB objects per
+    write (Outbox.write_joined, JOIN_WRITE_LIMIT), the End of Group with the last ones;
+    every object arrives once, intact, in order."""
+    from kvcs.moqt.actions import SendStreamData
+    from kvcs.moqt.datastreams import JOIN_WRITE_LIMIT
+
+    s = Served()
+    s.p.client.subscribe(NS, b"t")
+    s.run()
+    s.p.wire.clear()
+    payloads = [bytes([o]) * (32 * 1024) for o in range(5)]
+    for o, payload in enumerate(payloads):
+        s.track.add(CachedObject(0, o, 0, 10, 0, (), memoryview(payload)))
+    s.track.add(CachedObject(0, 5, 0, 10, wire.ObjectStatus.END_OF_GROUP, (), b""))
+    s.p.pump()
+    writes = [a for n_, a in s.p.wire if n_ == "client" and isinstance(a, SendStreamData)]
+    data = writes[1:]  # after the stream header
+    assert [len(w.data) // (32 * 1024) for w in data] == [2, 2, 1]
+    assert all(len(w.data) <= JOIN_WRITE_LIMIT for w in data)
+    assert data[-1].end and not any(w.end for w in data[:-1])
+    objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
+    got = [o for o in objs if o.record.status == wire.ObjectStatus.NORMAL]
+    assert [bytes(o.record.payload) for o in got] == payloads
+    assert [o.location for o in objs] == [L(0, o) for o in range(6)]
