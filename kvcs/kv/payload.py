@@ -164,16 +164,16 @@ def build_headers(
     _check_uint("token_start", token_start, _U64_MAX)
     _check_uint("token_count", token_count, _U32_MAX)
     _check_uint("token_start", token_start + last * token_count, _U64_MAX)
-    pack = HEADER_STRUCT.pack
-    out = []
-    for i, (data, digest) in enumerate(zip(sections, digests, strict=True)):
-        n = memoryview(data).nbytes
-        _check_uint("data length", n, _U32_MAX)
+    sizes = [memoryview(data).nbytes for data in sections]
+    if sizes:
+        _check_uint("data length", max(sizes), _U32_MAX)
+    for i, digest in enumerate(digests):
         if len(digest) != 32:
             raise ValueError(f"digest of block {i} is {len(digest)} octets, not 32")
-        out.append(pack(MAGIC, VERSION, comp, 0, layer, i, token_start + i * token_count,
-                        token_count, codec_v, 0, n, digest))
-    return out
+    pack = HEADER_STRUCT.pack
+    return [pack(MAGIC, VERSION, comp, 0, layer, i, token_start + i * token_count, token_count,
+                 codec_v, 0, n, digest)
+            for i, (n, digest) in enumerate(zip(sizes, digests, strict=True))]
 
 
 def build_payload_bytes(

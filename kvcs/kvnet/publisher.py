@@ -412,48 +412,60 @@ class KvPublisher:
         hashing = [asyncio.ensure_future(sha256_digests(sections))
                    for _, _, _, sections in encoded]
 
-        async def objects(i: int) -> list[tuple[bytes, Properties, str]]:
-            """(payload, properties, hex Data Digest) of each block of track ``i``."""
+        async def objects(i: int) -> tuple[list[bytes], list[Properties] | None, list[str]]:
+            """The payload of each block of track ``i``, their properties (None: none, a
+            plaintext publication) and hex Data Digests."""
             kind, codec, name, sections = encoded[i]
             digests = await hashing[i]
             headers = build_headers(kind, layer, token0, B, codec, sections, digests)
+            hexes = [digest.hex() for digest in digests]
+            if o.secure is None:  # header + Data joined, as the track keeps them
+                join = b"".join
+                return [join(pair) for pair in zip(headers, sections, strict=True)], None, hexes
             protect, track_name = self._protect, name.encode()
-            return [(*protect(track_name, layer, b, (header, data), prio), digest.hex())
-                    for b, (header, data, digest)
-                    in enumerate(zip(headers, sections, digests, strict=True))]
+            made = [protect(track_name, layer, b, pair, prio)
+                    for b, pair in enumerate(zip(headers, sections, strict=True))]
+            return [payload for payload, _ in made], [props for _, props in made], hexes
 
-        def publish(name: str, made: list[tuple[bytes, Properties, str]]) -> None:
+        normal = ObjectStatus.NORMAL
+
+        def publish(name: str, payloads: list[bytes], props: list[Properties] | None,
+                    hexes: list[str]) -> None:
             # the layer's objects and end markers as one run: one forwarding call chain
             # per layer and track instead of one per object
             track = seg.tracks[name]
-            run = [CachedObject(layer, b, 0, prio, ObjectStatus.NORMAL, tuple(props), payload)
-                   for b, (payload, props, _) in enumerate(made)]
+            if props is None:
+                run = [CachedObject(layer, b, 0, prio, normal, (), payload)
+                       for b, payload in enumerate(payloads)]
+            else:
+                run = [CachedObject(layer, b, 0, prio, normal, tuple(p), payload)
+                       for b, (payload, p) in enumerate(zip(payloads, props, strict=True))]
             run.append(CachedObject(layer, seg.blocks, 0, prio, ObjectStatus.END_OF_GROUP,
                                     (), b""))
             if layer == L - 1 and o.data_end_of_track:
                 run.append(CachedObject(layer, seg.blocks + 1, 0, prio,
                                         ObjectStatus.END_OF_TRACK, (), b""))
             ep.publish_run(track, run)
-            seg.digests[name].append([digest for _, _, digest in made])
+            seg.digests[name].append(hexes)
 
         try:
             if o.max_group_bytes is None or all(codec_record(c).verbatim for _, c, _ in tracks):
                 # Group sizes are known (checked exactly when the segment was added):
                 # publish each track as soon as its digests are there
                 for i, (_, _, name, _) in enumerate(encoded):
-                    publish(name, await objects(i))
+                    publish(name, *await objects(i))
             else:
                 # compressed groups under a byte cap: make every Group of the layer first,
                 # so that a layer over the cap publishes nothing
                 groups = [(name, await objects(i)) for i, (_, _, name, _) in enumerate(encoded)]
                 for name, made in groups:
-                    total = sum(len(payload) for payload, _, _ in made)
+                    total = sum(len(payload) for payload in made[0])
                     if total > o.max_group_bytes:
                         raise self._fail(
                             f"layer {layer} of {name} exceeds the {o.max_group_bytes}-byte "
                             "group limit of the relay: use a smaller segment")
                 for name, made in groups:
-                    publish(name, made)
+                    publish(name, *made)
         finally:
             for task in hashing:  # an error (or cancellation) leaves no hashing behind
                 task.cancel()
