@@ -51,8 +51,17 @@ class _Listener:
         """Connections open now (made here and not ended)."""
         self.refused = 0
         """New clients' first datagrams dropped: past ``max_connections`` or the accept
-        rate (a client whose handshake then succeeds may count more than once)."""
+        rate, or once the server is closing (a client whose handshake then succeeds may
+        count more than once)."""
         self.udp: UdpSocket | None = None
+        self._open = True
+
+    def stop_accepting(self) -> None:
+        """Drop new clients' first datagrams from now on (the server is closing): a client
+        accepted while :meth:`Server.aclose` waits for the open connections would keep a
+        session that nobody closes, to a socket about to close (an edge relay reconnecting
+        to its stopping upstream hung until its idle timeout)."""
+        self._open = False
 
     # CidRouter
     def add_cid(self, cid: bytes, conn: MoqtConnection) -> None:
@@ -128,6 +137,9 @@ class _Listener:
         if conn is None:
             if not header.initial or len(data) < MIN_DATAGRAM_SIZE:
                 return None
+            if not self._open:
+                self.refused += 1
+                return None
             if self.connections >= self._max_connections or not self._accepting.take():
                 # before any state or TLS work (a handshake costs ~1.5-2 ms)
                 if not self.refused % 100:
@@ -179,7 +191,8 @@ class Server:
     def refused_connections(self) -> int:
         """New clients' first datagrams dropped so far: past
         :attr:`QuicSettings.max_connections <kvcs.transport.QuicSettings.max_connections>`
-        or :attr:`~kvcs.transport.QuicSettings.accept_rate`."""
+        or :attr:`~kvcs.transport.QuicSettings.accept_rate`, or once the server is
+        closing."""
         return self._listener.refused
 
     def _register(self, conn: MoqtConnection) -> None:
@@ -188,13 +201,16 @@ class Server:
 
     def close(self) -> None:
         """Close every connection (code 0) and the socket immediately."""
+        self._listener.stop_accepting()
         for conn in list(self.connections):
             conn.close(0, "server shutdown")
         self.connections.clear()
         self._udp.close()
 
     async def aclose(self, timeout: float = 2.0) -> None:
-        """Graceful shutdown: close sessions (code 0), wait for them, then the socket."""
+        """Graceful shutdown: accept no new client, close sessions (code 0), wait for
+        them, then the socket."""
+        self._listener.stop_accepting()
         conns = list(self.connections)
         for conn in conns:
             conn.close(0, "server shutdown")

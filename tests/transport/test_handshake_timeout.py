@@ -50,3 +50,31 @@ async def test_a_connection_that_decrypts_nothing_is_forgotten_soon(
     finally:
         sock.close()
         await server.aclose()
+
+
+async def test_a_closing_server_accepts_no_new_client(cert: DevCertificate) -> None:
+    """While ``Server.aclose`` waits for its open connections (here one whose client never
+    answers), a new client is not accepted: before, it got a session that nobody closed,
+    to a socket about to close, and hung until its idle timeout (an edge relay
+    reconnecting to its stopping upstream)."""
+    settings = QuicSettings.loopback(handshake_timeout=5.0, idle_timeout=30.0)
+    server = await serve("127.0.0.1", 0, echo_factory, settings, str(cert.certfile),
+                         str(cert.keyfile))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.sendto(_garbage_initial(), ("127.0.0.1", server.port))
+        await until(lambda: len(server.connections) == 1)
+        closing = asyncio.ensure_future(server.aclose(timeout=3.0))
+        await asyncio.sleep(0.05)
+        assert not closing.done()  # waiting for the connection that never answers
+        refused = server.refused_connections
+        client = asyncio.ensure_future(connect(f"moqt://127.0.0.1:{server.port}/",
+                                               echo_factory, settings,
+                                               cafile=str(cert.certfile)))
+        await until(lambda: server.refused_connections > refused)
+        assert not client.done() or client.exception() is not None
+        client.cancel()
+        await asyncio.wait({client})
+        await closing
+    finally:
+        sock.close()
