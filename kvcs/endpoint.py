@@ -150,10 +150,8 @@ class _Stream:
 
     def _fail(self, exc: BaseException) -> None:
         if not self._finished:
-            self._finished = True
             self._error = exc
-            self._items.append(_END)
-            self._wake()
+            self._end()
 
     def _end(self) -> None:
         if not self._finished:

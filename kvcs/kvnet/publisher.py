@@ -434,12 +434,9 @@ class KvPublisher:
             # the layer's objects and end markers as one run: one forwarding call chain
             # per layer and track instead of one per object
             track = seg.tracks[name]
-            if props is None:
-                run = [CachedObject(layer, b, 0, prio, normal, (), payload)
-                       for b, payload in enumerate(payloads)]
-            else:
-                run = [CachedObject(layer, b, 0, prio, normal, tuple(p), payload)
-                       for b, (payload, p) in enumerate(zip(payloads, props, strict=True))]
+            run = [CachedObject(layer, b, 0, prio, normal, tuple(p), payload)
+                   for b, (payload, p) in enumerate(zip(
+                       payloads, [()] * len(payloads) if props is None else props, strict=True))]
             run.append(CachedObject(layer, seg.blocks, 0, prio, ObjectStatus.END_OF_GROUP,
                                     (), b""))
             if layer == L - 1 and o.data_end_of_track:

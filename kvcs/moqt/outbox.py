@@ -8,24 +8,22 @@ actions are dropped: nothing reaches the wire after CONNECTION_CLOSE.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from . import events as ev
 from .actions import Action, SendStreamData
 
 
+@dataclass(slots=True)
 class _Join:
     """Stream data written in pieces, joined into one buffer when the actions are taken
     (:meth:`Outbox.write_joined`); ``index`` is its place in the actions."""
 
-    __slots__ = ("end", "index", "parts", "size", "stream_id")
-
-    def __init__(self, index: int, stream_id: int, parts: list[bytes | memoryview],
-                 size: int, end: bool) -> None:
-        self.index = index
-        self.stream_id = stream_id
-        self.parts = parts
-        self.size = size
-        self.end = end
+    index: int
+    stream_id: int
+    parts: list[bytes | memoryview]
+    size: int
+    end: bool
 
 
 class Outbox:
