@@ -21,7 +21,11 @@ async def test_publish_fetch_inspect(net: LocalNet, tmp_path: Path) -> None:
     relay = await net.relay()
     f = cli_inputs(tmp_path)
     common = ["--relay", f"moqt://127.0.0.1:{relay.port}/", "--cafile", str(net.cert.certfile),
-              "--descriptor", f["desc"], "--scope-key", f["scope"], "--loopback"]
+              "--descriptor", f["desc"], "--scope-key", f["scope"], "--loopback",
+              # the relay runs in this test's process: a loaded CI host (load ~5, two
+              # benchmarks beside it) once left it silent for the CLI's default 6 s, and
+              # fetch gave up; the liveness defaults have their own tests
+              "--idle-timeout", "30"]
     # the publisher stays while the inspect and fetch processes start and run: 8 s was
     # passed before the fetch with two pytest-xdist workers at load 8-13 (make test)
     pub = asyncio.create_task(run_kvcs("publish", *common, "--tokens", f["tokens"], "--kv", f["kv"],
