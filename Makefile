@@ -114,6 +114,12 @@ BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --progress-bar on -e '.[bench]'
 	-$(PY) -m pip install --progress-bar on -e '.[mooncake]' || echo "Mooncake not installable here: the mooncake suite will say so"
+	@# Mooncake's store loads libibverbs even over TCP: Debian's libibverbs1, where this
+	@# user may install packages (root with apt-get); elsewhere the suite says what is missing
+	-@if ! $(PY) -c 'import mooncake.store' 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "==> installing Debian's libibverbs1 for Mooncake's store"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q libibverbs1 >/dev/null || echo "libibverbs1 not installable: the mooncake suite will say so"; \
+	fi
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP) $(VLLM_STAMP)
