@@ -32,7 +32,7 @@ from ..moqt.wire import (
 )
 from .consumer_types import ConsumerStats, Publication
 from .manifest_track import TRANSIENT
-from .offload import received_sha256_digests
+from .offload import sha256_digests
 from .relay_profile import TrackRetrieval
 
 if TYPE_CHECKING:
@@ -88,9 +88,8 @@ _Run = tuple["SegmentRun", Component, list[ReceivedObject], Properties, "Publica
 
 class Intake:
     """The received objects of one retrieval on their way to the assemblers, in batches:
-    the SHA-256 of each plaintext object's Data is computed for a whole batch at once
-    (:func:`~kvcs.kvnet.offload.received_sha256_digests`: on the event loop's thread unless
-    the process gave the hashing thread cores of its own), then each
+    the SHA-256 of each plaintext object's Data is computed for a whole batch at once (in
+    the worker thread when the batch is large, :mod:`kvcs.kvnet.offload`), then each
     object is verified and placed on the event-loop thread, in arrival order, the objects
     of a track that arrived together in one call
     (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`). A batch is what arrived while
@@ -148,7 +147,7 @@ class Intake:
             while self._pending:
                 batch, self._pending = self._pending, []
                 # protected objects are hashed once decrypted, by the assembler
-                digests = await received_sha256_digests(
+                digests = await sha256_digests(
                     [o.payload[HEADER_SIZE:] for run, _, objs, *_ in batch
                      if run.assembler.secure is None for o in objs])
                 at = 0

@@ -20,16 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from ..kv.codecs import Buffer
 from ..kv.payload import data_digests
 
-__all__ = ["INLINE_BYTES", "received_sha256_digests", "sha256_digests", "worker_affinity"]
+__all__ = ["INLINE_BYTES", "sha256_digests", "worker_affinity"]
 
 INLINE_BYTES = 128 * 1024
 """Batches smaller than this are hashed inline (four 32 KiB objects hash in ~75 us)."""
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
-_received_in_worker = False
-"""Consumers hash received objects in the worker thread (:func:`worker_affinity` was
-called: the process gave the thread cores of its own), else on the event loop's thread."""
 
 
 def _worker() -> ThreadPoolExecutor:
@@ -50,32 +47,10 @@ async def sha256_digests(buffers: Sequence[Buffer]) -> list[bytes]:
     return await asyncio.get_running_loop().run_in_executor(_worker(), data_digests, buffers)
 
 
-async def received_sha256_digests(buffers: Sequence[Buffer]) -> list[bytes]:
-    """SHA-256 of each received object's Data, for a consumer (:class:`~kvcs.kvnet.
-    moqt_source.Intake`): on the calling thread, or, once :func:`worker_affinity` gave the
-    hashing thread cores of its own, as :func:`sha256_digests` does.
-
-    On the calling thread by default: a consumer's batches arrive while every core is
-    busy moving bytes (its own event loop, the publisher's or a relay's on the same host,
-    a decode worker's transfer thread), and there the hand-off costs more than it saves:
-    the worker takes the GIL back after every object it hashes (hashlib releases it per
-    buffer), a switch between the two threads per 16-32 KiB. Measured with
-    ``tools/profile_path.py`` (live, 256 MiB, into reused arrays, 2 shared cores, load
-    1.1-1.4, 4 alternating pairs): direct raw, consumer every thread 3.75 -> 2.91 ms/MiB,
-    goodput 195 -> 222 MiB/s (medians); the publisher's layers, hashed before they are
-    sent, keep the worker (inline there: goodput 225 -> 130 MiB/s)."""
-    if not _received_in_worker:
-        return data_digests(buffers)
-    return await sha256_digests(buffers)
-
-
 def worker_affinity(cpus: Collection[int]) -> None:
-    """Let the hashing thread run on ``cpus`` (Linux; elsewhere nothing changes), and hash
-    received objects there too (:func:`received_sha256_digests`). It starts with the CPU
-    affinity of the thread that first hashes in it: a pinned event loop's (the vLLM
-    connector's transfer thread) makes it share that loop's core, where hashing aside
-    gains nothing."""
-    global _received_in_worker
+    """Let the hashing thread run on ``cpus`` (Linux; elsewhere nothing changes). It starts
+    with the CPU affinity of the thread that first hashes in it: a pinned event loop's
+    (the vLLM connector's transfer thread) makes it share that loop's core, where hashing
+    aside gains nothing."""
     if hasattr(os, "sched_setaffinity"):
         _worker().submit(os.sched_setaffinity, 0, set(cpus)).result()
-        _received_in_worker = True

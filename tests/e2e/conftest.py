@@ -51,8 +51,6 @@ def hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     in the worker thread (as a real model's layers are hashed)."""
     if request.param == "worker":
         monkeypatch.setattr("kvcs.kvnet.offload.INLINE_BYTES", 0)
-        # consumers too (they hash on their loop's thread unless worker_affinity was set)
-        monkeypatch.setattr("kvcs.kvnet.offload._received_in_worker", True)
     return str(request.param)
 
 
