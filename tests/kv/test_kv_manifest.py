@@ -146,6 +146,20 @@ def test_partial_object_digests_accepted():
     assert m.segments[1].object_digests == {"kv.zstd.s1": D[:1]}
 
 
+def test_object_digests_read_in_lower_case():
+    """Digests listed in upper or mixed case read as the lower-case ones (those of a
+    publisher, returned as they are)."""
+    mixed = [[D[0][0].upper(), D[0][1]], [D[1][0][:32] + D[1][0][32:].upper(), D[1][1]]]
+    assert Manifest.parse(bad(_set(OD, mixed))).segments[1].object_digests == {"kv.zstd.s1": D}
+    assert Manifest.parse(bad(_set(OD, D))).segments[1].object_digests == {"kv.zstd.s1": D}
+    with pytest.raises(ManifestError, match=r"\[1\]\[0\] must be 64 hex"):
+        Manifest.parse(bad(_set(OD, [D[0], [D[1][0][:63] + "g", D[1][1]]])))
+    with pytest.raises(ManifestError, match=r"\[0\]\[1\] must be 64 hex"):
+        Manifest.parse(bad(_set(OD, [[D[0][0], 7], D[1]])))
+    with pytest.raises(ManifestError, match=r"\[0\]\[0\] must be 64 hex"):  # 63 + 65
+        Manifest.parse(bad(_set(OD, [[D[0][0][:63], D[0][1] + "a"], D[1]])))
+
+
 def test_duplicate_segment_numbers_rejected():
     def dup(o):
         o["segments"][1]["segment"] = 0
