@@ -9,9 +9,6 @@
  *   decode row:  x = (float)q * (float)scale16, clamped to the output type's largest finite
  *                value (float16, bfloat16), rounded to the output type (RNE).
  *
- * Also frame(): the payloads (68-octet header + Data) of a layer's objects of one track,
- * one bytes each, in one call (kvcs.kv.payload.build_payloads; no Python per object).
- *
  * Element kinds: 0 float32, 1 float16, 2 bfloat16 (little-endian, C-contiguous, aligned
  * to the element size: the caller copies or falls back otherwise).
  * With GCC on x86-64 Linux each block function is compiled three times (x86-64-v4, v3 and
@@ -353,116 +350,9 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(frame_doc,
-"frame(sections, digests, component, layer, token_start, token_count, codec) -> list[bytes]\n\n"
-"The payloads of one track's objects of a layer (kvcs.kv.payload.build_payloads, which\n"
-"checks the fields' ranges first): for block i the 68-octet header (magic KVO1, version 1,\n"
-"component, flags 0, layer, block index i, token start token_start + i * token_count,\n"
-"token_count, codec, reserved 0, Data length, digests[i]) followed by sections[i], in one\n"
-"bytes object. ValueError if a digest is not 32 octets or a section exceeds 2^32 - 1.");
-
-static void put_be(unsigned char *p, unsigned long long v, int n) {
-    for (int i = n - 1; i >= 0; i--) {
-        p[i] = (unsigned char)(v & 0xffu);
-        v >>= 8;
-    }
-}
-
-enum { HEADER_SIZE = 68 };
-
-static PyObject *kv_frame(PyObject *self, PyObject *args) {
-    PyObject *sec_obj, *dig_obj;
-    unsigned long component, layer, token_count, codec;
-    unsigned long long token_start;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOkkKkk:frame", &sec_obj, &dig_obj, &component, &layer,
-                          &token_start, &token_count, &codec))
-        return NULL;
-    PyObject *result = NULL, *list = NULL, *secs = NULL, *digs = NULL;
-    Py_buffer *views = NULL;
-    Py_ssize_t n = 0, held = 0;
-    secs = PySequence_Fast(sec_obj, "frame: sections must be a sequence");
-    if (secs == NULL) goto done;
-    digs = PySequence_Fast(dig_obj, "frame: digests must be a sequence");
-    if (digs == NULL) goto done;
-    n = PySequence_Fast_GET_SIZE(secs);
-    if (PySequence_Fast_GET_SIZE(digs) != n) {
-        PyErr_Format(PyExc_ValueError, "%zd digests for %zd sections",
-                     PySequence_Fast_GET_SIZE(digs), n);
-        goto done;
-    }
-    views = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(Py_buffer));
-    if (views == NULL) { PyErr_NoMemory(); goto done; }
-    list = PyList_New(n);
-    if (list == NULL) goto done;
-    for (; held < n; held++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(secs, held), &views[held],
-                               PyBUF_SIMPLE) < 0)
-            goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *digest = PySequence_Fast_GET_ITEM(digs, i);
-        Py_ssize_t len = views[i].len;
-        const char *digest_at;
-        Py_ssize_t digest_len;
-        if (PyBytes_Check(digest)) {
-            digest_at = PyBytes_AS_STRING(digest);
-            digest_len = PyBytes_GET_SIZE(digest);
-        } else if (PyByteArray_Check(digest)) {
-            digest_at = PyByteArray_AS_STRING(digest);
-            digest_len = PyByteArray_GET_SIZE(digest);
-        } else {
-            PyErr_Format(PyExc_TypeError, "digest of block %zd is a %s, not bytes", i,
-                         Py_TYPE(digest)->tp_name);
-            goto done;
-        }
-        if (digest_len != 32) {
-            PyErr_Format(PyExc_ValueError, "digest of block %zd is %zd octets, not 32", i,
-                         digest_len);
-            goto done;
-        }
-        if ((unsigned long long)len > 0xffffffffULL) {
-            PyErr_Format(PyExc_ValueError, "data length = %zd is outside 0..4294967295", len);
-            goto done;
-        }
-        PyObject *payload = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + len);
-        if (payload == NULL) goto done;
-        PyList_SET_ITEM(list, i, payload);
-        unsigned char *h = (unsigned char *)PyBytes_AS_STRING(payload);
-        memcpy(h, "KVO1", 4);
-        h[4] = 1;
-        h[5] = (unsigned char)component;
-        h[6] = h[7] = 0;
-        put_be(h + 8, layer, 4);
-        put_be(h + 12, (unsigned long long)i, 4);
-        put_be(h + 16, token_start + (unsigned long long)i * token_count, 8);
-        put_be(h + 24, token_count, 4);
-        put_be(h + 28, codec, 2);
-        h[30] = h[31] = 0;
-        put_be(h + 32, (unsigned long long)len, 4);
-        memcpy(h + 36, digest_at, 32);
-    }
-    /* the Data: one copy per object, while the other threads run (the hashing worker) */
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(list, i)) + HEADER_SIZE, views[i].buf,
-               (size_t)views[i].len);
-    Py_END_ALLOW_THREADS
-    result = list;
-    list = NULL;
-done:
-    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    Py_XDECREF(list);
-    Py_XDECREF(secs);
-    Py_XDECREF(digs);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"encode", q8_encode, METH_VARARGS, encode_doc},
     {"decode", q8_decode, METH_VARARGS, decode_doc},
-    {"frame", kv_frame, METH_VARARGS, frame_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,12 +8,3 @@ def encode(src: NDArray, kind: int, blocks: int, rows: int, dim: int) -> list[by
 def decode(
     sections: Sequence[bytes | bytearray | memoryview], kind: int, rows: int, dim: int, out: NDArray
 ) -> int: ...
-def frame(
-    sections: Sequence[bytes | bytearray | memoryview],
-    digests: Sequence[bytes],
-    component: int,
-    layer: int,
-    token_start: int,
-    token_count: int,
-    codec: int,
-) -> list[bytes]: ...

@@ -19,11 +19,6 @@ from .codecs import Buffer, codec_value
 from .component import Component
 from .errors import DigestError, HeaderError
 
-try:  # optional: the compiled kernels' module (setup.py builds it where a C compiler is)
-    from ._q8 import frame as _frame
-except ImportError:  # pragma: no cover - depends on the build
-    _frame = None  # type: ignore[assignment]
-
 __all__ = [
     "HEADER_SIZE",
     "HEADER_STRUCT",
@@ -33,7 +28,6 @@ __all__ = [
     "build_headers",
     "build_payload",
     "build_payload_bytes",
-    "build_payloads",
     "data_digest",
     "data_digests",
     "parse_header",
@@ -159,25 +153,6 @@ def build_headers(
     carries ``sections[i]``, whose SHA-256 is ``digests[i]`` (:func:`data_digests`), and
     starts at token ``token_start + i * token_count``. The checks of
     :func:`build_payload`, made once for the layer."""
-    comp, codec_v = _layer_fields(component, layer, token_start, token_count, codec,
-                                  sections, digests)
-    sizes = [memoryview(data).nbytes for data in sections]
-    if sizes:
-        _check_uint("data length", max(sizes), _U32_MAX)
-    for i, digest in enumerate(digests):
-        if len(digest) != 32:
-            raise ValueError(f"digest of block {i} is {len(digest)} octets, not 32")
-    pack = HEADER_STRUCT.pack
-    return [pack(MAGIC, VERSION, comp, 0, layer, i, token_start + i * token_count, token_count,
-                 codec_v, 0, n, digest)
-            for i, (n, digest) in enumerate(zip(sizes, digests, strict=True))]
-
-
-def _layer_fields(component: Component | str | int, layer: int, token_start: int,
-                  token_count: int, codec: str | int, sections: Sequence[Buffer],
-                  digests: Sequence[bytes]) -> tuple[int, int]:
-    """The component and codec values of a layer's headers, once the fields of every
-    block's header are checked (:func:`build_headers`)."""
     if len(digests) != len(sections):
         raise ValueError(f"{len(digests)} digests for {len(sections)} sections")
     comp = _component_value(component)
@@ -189,30 +164,16 @@ def _layer_fields(component: Component | str | int, layer: int, token_start: int
     _check_uint("token_start", token_start, _U64_MAX)
     _check_uint("token_count", token_count, _U32_MAX)
     _check_uint("token_start", token_start + last * token_count, _U64_MAX)
-    return comp, codec_v
-
-
-def build_payloads(
-    component: Component | str | int,
-    layer: int,
-    token_start: int,
-    token_count: int,
-    codec: str | int,
-    sections: Sequence[Buffer],
-    digests: Sequence[bytes],
-) -> list[bytes]:
-    """The whole payloads (header + Data, one ``bytes`` each) of the objects of one layer's
-    blocks 0, 1, ...: :func:`build_headers` joined with ``sections``, with the same checks
-    and errors. With the compiled kernels (``kvcs/kv/_q8.c``) one call for the layer, no
-    Python per object; otherwise a join per object."""
-    if _frame is None:
-        headers = build_headers(component, layer, token_start, token_count, codec, sections,
-                                digests)
-        join = b"".join
-        return [join(pair) for pair in zip(headers, sections, strict=True)]
-    comp, codec_v = _layer_fields(component, layer, token_start, token_count, codec,
-                                  sections, digests)
-    return _frame(sections, digests, comp, layer, token_start, token_count, codec_v)
+    sizes = [memoryview(data).nbytes for data in sections]
+    if sizes:
+        _check_uint("data length", max(sizes), _U32_MAX)
+    for i, digest in enumerate(digests):
+        if len(digest) != 32:
+            raise ValueError(f"digest of block {i} is {len(digest)} octets, not 32")
+    pack = HEADER_STRUCT.pack
+    return [pack(MAGIC, VERSION, comp, 0, layer, i, token_start + i * token_count, token_count,
+                 codec_v, 0, n, digest)
+            for i, (n, digest) in enumerate(zip(sizes, digests, strict=True))]
 
 
 def build_payload_bytes(

@@ -54,7 +54,7 @@ from ..kv.ids import (
     scope_id,
 )
 from ..kv.manifest import Manifest, Protection, Segment
-from ..kv.payload import HEADER_SIZE, build_headers, build_payloads
+from ..kv.payload import HEADER_SIZE, build_headers
 from ..kv.secure import ContentKey, SecureObjects
 from ..kv.tracks import TrackName
 from ..moqt.track import CachedObject, Track
@@ -417,11 +417,11 @@ class KvPublisher:
             plaintext publication) and hex Data Digests."""
             kind, codec, name, sections = encoded[i]
             digests = await hashing[i]
+            headers = build_headers(kind, layer, token0, B, codec, sections, digests)
             hexes = [digest.hex() for digest in digests]
             if o.secure is None:  # header + Data joined, as the track keeps them
-                return build_payloads(kind, layer, token0, B, codec, sections, digests), \
-                    None, hexes
-            headers = build_headers(kind, layer, token0, B, codec, sections, digests)
+                join = b"".join
+                return [join(pair) for pair in zip(headers, sections, strict=True)], None, hexes
             protect, track_name = self._protect, name.encode()
             made = [protect(track_name, layer, b, pair, prio)
                     for b, pair in enumerate(zip(headers, sections, strict=True))]

@@ -7,15 +7,12 @@ import os
 
 import pytest
 
-from kvcs.kv import payload as payload_module
-from kvcs.kv.component import Component
 from kvcs.kv.errors import DigestError, HeaderError, VerificationError
 from kvcs.kv.payload import (
     HEADER_SIZE,
     build_headers,
     build_payload,
     build_payload_bytes,
-    build_payloads,
     data_digests,
     parse_header,
     verify_payload,
@@ -151,44 +148,6 @@ def test_build_headers_needs_a_digest_per_section():
         build_headers("k", 0, 0, 4, 1, [b"ab", b"cd"], [bytes(32)])
     with pytest.raises(ValueError, match="not 32"):
         build_headers("k", 0, 0, 4, 1, [b"ab"], [bytes(31)])
-
-
-@pytest.fixture(params=["compiled", "python"])
-def framing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """build_payloads with the compiled kvcs.kv._q8.frame, and with the join per object."""
-    if request.param == "python":
-        monkeypatch.setattr(payload_module, "_frame", None)
-    elif payload_module._frame is None:
-        pytest.fail("kvcs.kv._q8 is not built: run make install (needs a C compiler)")
-    return str(request.param)
-
-
-@pytest.mark.parametrize("size", [0, 1, 96, 32 * 1024])
-def test_build_payloads_equal_headers_joined(framing, size):
-    """One bytes per block: build_headers' header + the section, for bytes, bytearray and
-    memoryview sections (a raw track's are views of the layer array)."""
-    raw = [os.urandom(size) for _ in range(4)]
-    sections = [raw[0], bytearray(raw[1]), memoryview(raw[2]), memoryview(raw[3])[0:]]
-    digests = data_digests(sections)
-    got = build_payloads(Component.K, 7, (1 << 40) + 3, 16, "q8", sections, digests)
-    headers = build_headers(Component.K, 7, (1 << 40) + 3, 16, "q8", sections, digests)
-    assert [type(p) for p in got] == [bytes] * 4
-    assert got == [h + bytes(s) for h, s in zip(headers, sections, strict=True)]
-    for b, p in enumerate(got):
-        hdr = verify_payload(p, group=7, object_id=b)
-        assert hdr.token_start == (1 << 40) + 3 + 16 * b and hdr.data.tobytes() == raw[b]
-    assert build_payloads("v", 0, 0, 16, 1, [], []) == []
-
-
-def test_build_payloads_rejects_as_build_headers(framing):
-    with pytest.raises(ValueError, match="1 digests for 2 sections"):
-        build_payloads("k", 0, 0, 4, 1, [b"ab", b"cd"], [bytes(32)])
-    with pytest.raises(ValueError, match="not 32"):
-        build_payloads("k", 0, 0, 4, 1, [b"ab", b"cd"], [bytes(32), bytes(31)])
-    with pytest.raises(ValueError, match="layer"):
-        build_payloads("k", 1 << 32, 0, 4, 1, [b"ab"], data_digests([b"ab"]))
-    with pytest.raises(ValueError, match="token_start"):
-        build_payloads("k", 0, (1 << 64) - 4, 4, 1, [b"ab", b"cd"], data_digests([b"ab", b"cd"]))
 
 
 def test_verify_with_a_digest_computed_beforehand():
