@@ -14,6 +14,7 @@ in how a namespace is made known (``announce``, ``withdraw``) and in back-pressu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
@@ -88,12 +89,19 @@ class OriginPublisher:
     def publish(self, track: Track, group_id: int, object_id: int, payload: bytes | memoryview,
                 *, status: int = ObjectStatus.NORMAL, priority: int | None = None,
                 subgroup_id: int = 0, properties: Properties = ()) -> None:
-        """Add one object to a local track (a run of one: :meth:`publish_run`); live
-        subscribers get it at once."""
-        self.publish_run(track, (CachedObject(  # object_record's, one call fewer
-            group_id, object_id, subgroup_id,
-            track.default_priority if priority is None else priority, status,
-            tuple(properties), payload),))
+        """Add one object to a local track; live subscribers get it at the end of this
+        event loop turn, with the objects published after it in the same turn as one run
+        (:meth:`Track.stage <kvcs.moqt.track.Track.stage>`; an object that ends its group
+        or the track goes out at once, with those before it). Stored at once: reads of
+        the track, :meth:`publish_run` and FETCH see it."""
+        if track.stage(CachedObject(  # object_record's, one call fewer
+                group_id, object_id, subgroup_id,
+                track.default_priority if priority is None else priority, status,
+                tuple(properties), payload)):
+            try:
+                asyncio.get_running_loop().call_soon(track.tell_staged)
+            except RuntimeError:  # no event loop (a synchronous caller): tell it now
+                track.tell_staged()
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects to a local track in order (see :meth:`Track.extend

@@ -182,6 +182,9 @@ class TrackServer:
             self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
                                        "end before start")
             return False
+        # objects published before this request go to the subscriptions that were there
+        # (its range is set against the Largest Object, which counts them)
+        track.tell_staged()
         start, end = lf.bounds(track.largest)
         if end is not None and end < start:
             self.session.request_error(request_id, RequestErrorCode.INVALID_RANGE,
@@ -438,6 +441,7 @@ class TrackServer:
                                        update_id=event.update_id)
             self.end_subscription(sub.request_id, PublishDoneCode.UPDATE_FAILED, str(exc))
             return
+        sub.track.tell_staged()  # what was published before the update, under the old terms
         if p.forward is not None:
             sub.forward = p.forward == 1
         if p.location_filter is not None:

@@ -42,6 +42,12 @@ _NORMAL, _END_OF_GROUP, _END_OF_TRACK = (
 """Module constants: an Enum attribute costs a lookup on the per-object path."""
 
 
+STAGED_RUN_BYTES = 1 << 20
+"""A staged run (:meth:`Track.stage`) is told to listeners once it holds this many payload
+bytes, so that what a producer stages before its loop turn ends stays bounded for
+back-pressure (a drain sees it queued in the sessions)."""
+
+
 class ImmutabilityError(KvcsError, ValueError):
     """A different object arrived at a Location that already holds one."""
 
@@ -128,7 +134,9 @@ class Track:
         self.properties = tuple(properties)  # also sets default_priority
         self._groups: dict[int, _Group] = {}
         self._group_ids: list[int] = []
-        self.largest: Location | None = None
+        self._largest: Location | None = None  # built on demand (largest)
+        self._largest_g = -1  # the Largest Object's Location as ints, kept per object
+        self._largest_o = -1
         self.end_of_track: Location | None = None  # Location of the End of Track status
         self.complete = False  # every object of the track is known (ended and filled)
         self.settled_until: Location | None = None  # every Location <= this is known
@@ -142,11 +150,26 @@ class Track:
         self.expired_objects = 0
         """Objects dropped by :meth:`expire` so far."""
         self._arrivals: deque[CachedObject] = deque()  # cached objects in arrival order
+        self._staged: list[CachedObject] = []  # stored, not yet told (stage)
+        self._staged_bytes = 0
         self._clock = clock
         self.last_used = clock()
         self.created = self.last_used
 
     # ---------------------------------------------------------------- properties
+
+    @property
+    def largest(self) -> Location | None:
+        """The Largest Object's Location (None while nothing is stored)."""
+        loc = self._largest
+        if loc is None and self._largest_g >= 0:
+            loc = self._largest = Location(self._largest_g, self._largest_o)
+        return loc
+
+    @largest.setter
+    def largest(self, loc: Location | None) -> None:
+        self._largest = loc
+        self._largest_g, self._largest_o = (-1, -1) if loc is None else loc
 
     @property
     def full_name(self) -> FullTrackName:
@@ -182,12 +205,12 @@ class Track:
         """Store an object; returns False for an identical duplicate.
 
         Raises :class:`ImmutabilityError` for a different object at the same Location.
-        Listeners are told about new objects.
+        Listeners are told about new objects (after any staged ones).
         """
         g = self._store(obj)
         if g is None:
             return False
-        self._tell([obj])
+        self._notify("object", [obj])
         if self._may_end(obj, g):
             self._after_end(obj, g)
         return True
@@ -215,16 +238,56 @@ class Track:
                 added += 1
                 if self._may_end(obj, g):
                     told, run = run, []
-                    self._tell(told)
+                    self._notify("object", told)
                     self._after_end(obj, g)
         finally:
             if run:
-                self._tell(run)
+                self._notify("object", run)
         return added
 
-    def _tell(self, run: list[CachedObject]) -> None:
+    def stage(self, obj: CachedObject) -> bool:
+        """Store an object as :meth:`add` does, but tell listeners about it later, together
+        with the objects staged after it, as one run: at :meth:`tell_staged`, before
+        anything else listeners hear, or at once when the object may close its group or
+        the track or the run reaches :data:`STAGED_RUN_BYTES`.
+
+        A producer that publishes object by object then pays the listeners' forwarding
+        chain (a subscription's checks, its stream, the object framing, the joined write)
+        once per run instead of once per object (32 KiB objects published one by one to a
+        subscribed sans-IO session, framing and joins included: 20.5 -> 12.5 us per
+        object, alternating runs on the 2-core VM). Returns True when the object
+        started a run that is still held back: the caller arranges for
+        :meth:`tell_staged` to run, at the end of its event loop's turn.
+        """
+        g = self._store(obj)
+        if g is None:
+            return False
+        staged = self._staged
+        staged.append(obj)
+        self._staged_bytes += len(obj.payload)
+        ends = self._may_end(obj, g)
+        if ends or self._staged_bytes >= STAGED_RUN_BYTES:
+            self.tell_staged()
+            if ends:
+                self._after_end(obj, g)
+            return False
+        return len(staged) == 1
+
+    def tell_staged(self) -> None:
+        """Tell listeners about the objects :meth:`stage` has held back, as one run."""
+        run = self._staged
+        if run:
+            self._staged = []
+            self._staged_bytes = 0
+            for listener in list(self.listeners):
+                listener(self, "object", run)
+
+    def _notify(self, what: str, objs: Sequence[CachedObject]) -> None:
+        """Tell every listener; staged objects first, so that they hear in store order."""
+        if self._staged:
+            self.tell_staged()
         for listener in list(self.listeners):
-            listener(self, "object", run)
+            listener(self, what, objs)
 
     def _store(self, obj: CachedObject) -> _Group | None:
         """Store one object without telling listeners; returns its group, or None for an
@@ -246,9 +309,9 @@ class Track:
                 raise ImmutabilityError(f"object {gid}/{oid} after End of Group")
             if end is not None and (gid, oid) > end:
                 raise ImmutabilityError(f"object {gid}/{oid} after End of Track")
-        if not obj.arrived:
-            obj.arrived = self._clock()
-        if not self.origin:
+        if not self.origin:  # only a cache's objects age (an origin's never expire)
+            if not obj.arrived:
+                obj.arrived = self._clock()
             self._arrivals.append(obj)
         if g.gone:
             _remove_id(g.gone, oid)  # aged out, and now received again
@@ -267,9 +330,10 @@ class Track:
                 g.end = oid if g.end is None else min(g.end, oid)
             if status == _END_OF_TRACK:
                 self.end_of_track = Location(gid, oid)
-        largest = self.largest
-        if largest is None or gid > largest[0] or (gid == largest[0] and oid > largest[1]):
-            self.largest = Location(gid, oid)  # built only when it moves (~0.3 us each)
+        lg = self._largest_g
+        if gid > lg or (gid == lg and oid > self._largest_o):
+            # kept as ints: a Location costs ~0.7 us to build, once per object published
+            self._largest_g, self._largest_o, self._largest = gid, oid, None
         return g
 
     @staticmethod
@@ -316,14 +380,11 @@ class Track:
         if g.closed:
             return
         g.closed = True
-        for listener in list(self.listeners):
-            listener(self, "group_closed", (CachedObject(group_id, 0, 0, 0, 0, (), b""),))
+        self._notify("group_closed", (CachedObject(group_id, 0, 0, 0, 0, (), b""),))
 
     def close_subgroup(self, group_id: int, subgroup_id: int) -> None:
         """Tell listeners that a subgroup ended (its stream finished cleanly)."""
-        for listener in list(self.listeners):
-            listener(self, "subgroup_closed",
-                     (CachedObject(group_id, 0, subgroup_id, 0, 0, (), b""),))
+        self._notify("subgroup_closed", (CachedObject(group_id, 0, subgroup_id, 0, 0, (), b""),))
 
     def settle(self, until: Location) -> None:
         """Record that every Location <= ``until`` is known (e.g. a fill finished)."""
@@ -332,12 +393,10 @@ class Track:
             for gid in self._group_ids:
                 if gid < until.group:
                     self.close_group(gid)
-            for listener in list(self.listeners):
-                listener(self, "settled", ())
+            self._notify("settled", ())
 
     def _mark_ended(self) -> None:
-        for listener in list(self.listeners):
-            listener(self, "ended", ())
+        self._notify("ended", ())
 
     def finish(self, end: Location | None = None) -> None:
         """Mark the track complete (all objects known), e.g. after End of Track + fill."""
@@ -351,9 +410,10 @@ class Track:
         self._mark_ended()
 
     def drop(self) -> None:
-        """Forget all objects and tell listeners the track is gone."""
-        for listener in list(self.listeners):
-            listener(self, "gone", ())
+        """Forget all objects (staged ones too) and tell listeners the track is gone."""
+        self._staged = []
+        self._staged_bytes = 0
+        self._notify("gone", ())
         self._groups.clear()
         self._group_ids.clear()
         self._arrivals.clear()
