@@ -61,24 +61,26 @@ JOIN_RUN_BELOW = 256 * 1024
 this goes out in ONE joined write: what a relay forwards per read of its upstream (4-8
 objects of 32 KiB) takes one trip through the scheduler instead of one per object. A
 larger run (a publisher's layer) goes out in joined writes of up to
-:data:`JOIN_WRITE_BYTES`: one join of a 2 MiB layer would be a fresh 2 MiB buffer per
+:data:`JOIN_WRITE_LIMIT`: one join of a 2 MiB layer would be a fresh 2 MiB buffer per
 run, and a payload written by reference after its prefix cost the publisher more than the
 join it saves (KVCS live direct, alternating runs at the same load: 3.14-3.15 against
 2.46-2.94 ms/MiB on its event-loop thread: one more scheduler entry, refill turn and qh3
 send_stream call per object)."""
 
 JOIN_WRITE_BYTES = 64 * 1024
-"""The most a joined write of a large run carries (prefixes and payloads): the
-scheduler's chunk, i.e. one qh3 ``send_stream`` call. Objects of 32 KiB (``raw``) go one
-per write, as :meth:`DataStreams.write_object` writes them; smaller ones share a write
-(three 16.6 KiB ``q8`` objects): the scheduler entry, refill turn and qh3 call a write
-costs are paid per 64 KiB, not per object (docs/perf-profile.md, q8)."""
+"""The scheduler's chunk, i.e. one qh3 ``send_stream`` call: what a joined write is sized
+by (:data:`JOIN_WRITE_LIMIT`)."""
 
 JOIN_WRITE_LIMIT = JOIN_WRITE_BYTES + 1024
-"""The most objects written one by one on a stream share in one joined write
-(:meth:`Outbox.write_joined <kvcs.moqt.outbox.Outbox.write_joined>`): the scheduler's
-chunk plus room for the prefixes, so that two 32 KiB objects (65,548 bytes with their
-6-byte prefixes) go out as one write and one qh3 ``send_stream`` call."""
+"""The most a joined write carries, prefixes and payloads, whether its objects came as a
+large run (:meth:`DataStreams.write_objects`) or one by one (:meth:`Outbox.write_joined
+<kvcs.moqt.outbox.Outbox.write_joined>`): the scheduler's chunk plus room for the
+prefixes, so that two 32 KiB objects (65,548 bytes with their 6-byte prefixes) go out as
+one write and one qh3 ``send_stream`` call (the scheduler sends a chunk up to 1/32 over its
+size whole), and three 16.6 KiB ``q8`` objects share one: the scheduler entry, refill turn
+and qh3 call a write costs are paid per 64 KiB, not per object (docs/perf-profile.md, q8).
+A large run held to 64 KiB exactly went one 32 KiB object per write: 32 writes per MiB of
+a publisher's layers instead of 16."""
 
 
 @dataclass(slots=True, eq=False)
@@ -441,7 +443,7 @@ class DataStreams:
 
     def write_objects(self, stream_id: int, objs: Sequence[ObjectRecord], end: bool) -> bool:
         """Write objects on a subgroup stream in as few writes as :data:`JOIN_RUN_BELOW`
-        and :data:`JOIN_WRITE_BYTES` allow (one for a relay's run); False if the stream
+        and :data:`JOIN_WRITE_LIMIT` allow (one for a relay's run); False if the stream
         is gone."""
         s = self._outgoing.get(stream_id)
         if s is None:
@@ -456,14 +458,14 @@ class DataStreams:
                 stream_id, prefix(o.object_id, len(payload), o.status, o.properties),
                 payload, end, JOIN_WRITE_LIMIT)
         elif sum([len(o.payload) for o in objs]) >= JOIN_RUN_BELOW:
-            # joined writes of up to JOIN_WRITE_BYTES each
+            # joined writes of up to JOIN_WRITE_LIMIT each
             run: list[bytes | memoryview] = []
             size = 0
             for o in objs:
                 payload = o.payload
                 head = prefix(o.object_id, len(payload), o.status, o.properties)
                 n = len(head) + len(payload)
-                if size and size + n > JOIN_WRITE_BYTES:
+                if size and size + n > JOIN_WRITE_LIMIT:
                     actions.append(SendStreamData(stream_id, b"".join(run), False))
                     run = []
                     size = 0

@@ -610,35 +610,37 @@ def test_a_run_goes_out_one_write_per_subgroup_stretch_in_order() -> None:
     assert s.p.client.next_objects(rid) == []
 
 
-def test_a_large_run_writes_one_joined_write_per_object() -> None:
+def test_a_large_run_goes_out_two_32k_objects_per_joined_write() -> None:
     """A run of JOIN_RUN_BELOW or more (a publisher's layer) is not joined into one
-    buffer: each object goes out as one write of its prefix and payload (writing the
-    payload by reference after its prefix cost the publisher more, docs/perf-profile.md)."""
+    buffer: its 32 KiB objects go out two per write (JOIN_WRITE_LIMIT, one qh3 call each),
+    prefix and payload joined (writing the payload by reference after its prefix cost the
+    publisher more, docs/perf-profile.md)."""
     from kvcs.moqt.actions import SendStreamData
-    from kvcs.moqt.datastreams import JOIN_RUN_BELOW
+    from kvcs.moqt.datastreams import JOIN_RUN_BELOW, JOIN_WRITE_LIMIT
 
     s = Served()
     s.p.client.subscribe(NS, b"t")
     s.run()
     s.p.wire.clear()
-    payload = memoryview(bytes(32 * 1024))
-    n = JOIN_RUN_BELOW // len(payload) + 1
-    s.track.extend([CachedObject(0, o, 0, 10, 0, (), payload) for o in range(n)])
+    payloads = [bytes([o]) * (32 * 1024) for o in range(JOIN_RUN_BELOW // (32 * 1024) + 1)]
+    s.track.extend([CachedObject(0, o, 0, 10, 0, (), memoryview(p))
+                    for o, p in enumerate(payloads)])
     s.p.pump()
     writes = [a for n_, a in s.p.wire if n_ == "client" and isinstance(a, SendStreamData)]
-    assert len(writes) == 1 + n  # the stream header, then one write per object
-    assert all(len(w.data) > len(payload) and bytes(w.data).endswith(bytes(payload))
-               for w in writes[1:])
+    data = writes[1:]  # after the stream header
+    assert [len(w.data) // (32 * 1024) for w in data] == [2, 2, 2, 2, 1]
+    assert all(len(w.data) <= JOIN_WRITE_LIMIT for w in data)
     objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
-    assert [o.location for o in objs] == [L(0, o) for o in range(n)]
+    assert [bytes(o.record.payload) for o in objs] == payloads
+    assert [o.location for o in objs] == [L(0, o) for o in range(len(payloads))]
 
 
 def test_a_large_run_of_small_objects_shares_writes() -> None:
     """Objects of a large run smaller than half of JOIN_WRITE_BYTES (q8's 16.6 KiB) share
-    joined writes of at most JOIN_WRITE_BYTES, in order: the per-write cost (scheduler,
+    joined writes of at most JOIN_WRITE_LIMIT, in order: the per-write cost (scheduler,
     qh3 call) is paid per 64 KiB, not per object; every object arrives once, intact."""
     from kvcs.moqt.actions import SendStreamData
-    from kvcs.moqt.datastreams import JOIN_RUN_BELOW, JOIN_WRITE_BYTES
+    from kvcs.moqt.datastreams import JOIN_RUN_BELOW, JOIN_WRITE_LIMIT
 
     s = Served()
     s.p.client.subscribe(NS, b"t")
@@ -651,7 +653,7 @@ def test_a_large_run_of_small_objects_shares_writes() -> None:
     s.p.pump()
     writes = [a for n_, a in s.p.wire if n_ == "client" and isinstance(a, SendStreamData)]
     data = writes[1:]  # after the stream header
-    assert all(len(w.data) <= JOIN_WRITE_BYTES for w in data)
+    assert all(len(w.data) <= JOIN_WRITE_LIMIT for w in data)
     assert len(data) == -(-len(payloads) // 3)  # three per write (the last: the rest)
     assert data[-1].end and not any(w.end for w in data[:-1])
     objs = of_type(s.p.events(s.p.client), ev.ObjectReceived)
