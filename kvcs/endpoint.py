@@ -45,7 +45,7 @@ from .binding import (
 )
 from .errors import SessionError
 from .moqt import events as ev
-from .moqt.errors import PublishDoneCode, RequestErrorCode
+from .moqt.errors import PublishDoneCode, RequestErrorCode, SessionCode
 from .moqt.origin import Origin
 from .moqt.track import Track
 from .moqt.wire import (
@@ -341,6 +341,17 @@ class Endpoint(OriginPublisher, BoundSession):
 
     async def __aenter__(self) -> Endpoint:
         return self
+
+    def flush(self) -> None:
+        """Send what the session has queued, the objects published in this loop turn
+        included (:meth:`publish`)."""
+        self.origin.tell_staged()
+        super().flush()
+
+    def close(self, code: int = SessionCode.NO_ERROR, reason: str = "") -> None:
+        """Close the session, after sending the objects published in this loop turn."""
+        self.origin.tell_staged()
+        super().close(code, reason)
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()

@@ -91,17 +91,19 @@ class OriginPublisher:
                 subgroup_id: int = 0, properties: Properties = ()) -> None:
         """Add one object to a local track; live subscribers get it at the end of this
         event loop turn, with the objects published after it in the same turn as one run
-        (:meth:`Track.stage <kvcs.moqt.track.Track.stage>`; an object that ends its group
-        or the track goes out at once, with those before it). Stored at once: reads of
-        the track, :meth:`publish_run` and FETCH see it."""
-        if track.stage(CachedObject(  # object_record's, one call fewer
+        (:meth:`Origin.stage <kvcs.moqt.origin.Origin.stage>`; an object that ends its
+        group or the track goes out at once, with those before it, and so does everything
+        at a flush, close or drain). Stored at once: reads of the track,
+        :meth:`publish_run` and FETCH see it."""
+        origin = self.origin
+        if origin.stage(track, CachedObject(  # object_record's, one call fewer
                 group_id, object_id, subgroup_id,
                 track.default_priority if priority is None else priority, status,
                 tuple(properties), payload)):
             try:
-                asyncio.get_running_loop().call_soon(track.tell_staged)
+                asyncio.get_running_loop().call_soon(origin.tell_staged)
             except RuntimeError:  # no event loop (a synchronous caller): tell it now
-                track.tell_staged()
+                origin.tell_staged()
 
     def publish_run(self, track: Track, objects: Iterable[CachedObject]) -> None:
         """Add objects to a local track in order (see :meth:`Track.extend

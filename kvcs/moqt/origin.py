@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from .track import FullTrackName, Track
+from .track import CachedObject, FullTrackName, Track
 from .wire import Properties, TrackNamespace, namespace_has_prefix
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,28 @@ class Origin(Generic[S]):
         self._publications: dict[TrackNamespace, list[tuple[S | None, int]]] = {}
         self._published: dict[S | None, dict[tuple[int, TrackNamespace], None]] = {}
         self._watches: dict[S, dict[int, TrackNamespace]] = {}
+        self._staged: dict[int, Track] = {}  # tracks holding staged objects (stage)
 
     # ------------------------------------------------------------------ tracks
+
+    def stage(self, track: Track, obj: CachedObject) -> bool:
+        """Store ``obj`` in ``track`` and hold it back from listeners until
+        :meth:`tell_staged` (:meth:`Track.stage`); True when nothing of this origin was
+        held back before: the caller arranges for :meth:`tell_staged` to run."""
+        if not track.stage(obj):
+            return False
+        first = not self._staged
+        self._staged[id(track)] = track
+        return first
+
+    def tell_staged(self) -> None:
+        """Tell listeners about the objects every track holds back (:meth:`stage`): what
+        sends a session's queued data first calls this (a flush, a close, back-pressure)."""
+        if self._staged:
+            tracks = list(self._staged.values())
+            self._staged.clear()
+            for track in tracks:
+                track.tell_staged()
 
     def track(self, namespace: TrackNamespace, name: bytes) -> Track | None:
         """The track ``(namespace, name)``, or None."""

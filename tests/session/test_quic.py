@@ -190,6 +190,31 @@ async def test_deliver_runs_to_hands_every_object_once_in_order(srv: Srv) -> Non
     await _close(sub_ep)
 
 
+async def test_published_objects_go_out_at_the_end_of_the_turn_or_at_a_flush(
+        srv: Srv) -> None:
+    """Objects published one by one are forwarded together at the end of the loop turn,
+    or at once when the publisher flushes (or drains, or closes); the subscriber gets
+    every one, once, in order."""
+    sub_ep, pub = await srv.connect()
+    track = pub.create_track(NS, b"turn")
+    sub = await sub_ep.subscribe(NS, b"turn", location_filter=LocationFilter.next_object())
+    sent = pub.server.objects_sent
+    for o in range(3):
+        pub.publish(track, 0, o, _payload(0, o))
+    assert pub.server.objects_sent == sent and track.count == 3  # stored, not yet sent
+    pub.flush()
+    assert pub.server.objects_sent == sent + 3  # the flush sent them, in this turn
+    for o in range(3, 5):
+        pub.publish(track, 0, o, _payload(0, o))
+    await asyncio.sleep(0)  # the end of the turn
+    assert pub.server.objects_sent == sent + 5
+    pub.publish(track, 0, 5, b"", status=ObjectStatus.END_OF_TRACK)  # an end: at once
+    assert pub.server.objects_sent == sent + 6
+    got = [(o.object_id, bytes(o.payload)) async for o in sub]
+    assert got == [(o, bytes(_payload(0, o))) for o in range(5)] + [(5, b"")]
+    await _close(sub_ep)
+
+
 async def test_an_iterator_stopped_while_waiting_goes_on_with_the_next_object(
         srv: Srv) -> None:
     """A subscription's iterator whose waiting caller gave up (cancelled) still yields

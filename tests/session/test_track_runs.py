@@ -159,6 +159,19 @@ def test_publish_tells_what_one_loop_turn_published_as_one_run() -> None:
     assert heard[3:] == [("object", [(1, 0)])]
 
 
+def test_an_origin_tells_every_track_it_staged_and_asks_to_be_called_once() -> None:
+    origin: Origin[object] = Origin()
+    a, b = origin.create_track((b"ns",), b"a"), origin.create_track((b"ns",), b"b")
+    heard_a, heard_b = _recording(a), _recording(b)
+    assert origin.stage(a, _obj(0, 0)) is True  # the first: schedule tell_staged
+    assert origin.stage(b, _obj(0, 0)) is False  # already scheduled
+    assert origin.stage(a, _obj(0, 1)) is False
+    assert heard_a == heard_b == []
+    origin.tell_staged()
+    assert heard_a == [("object", [(0, 0), (0, 1)])] and heard_b == [("object", [(0, 0)])]
+    assert origin.stage(b, _obj(0, 1)) is True  # told: the next one schedules again
+
+
 class _Target(OriginPublisher):
     def __init__(self) -> None:
         self.origin = Origin()
