@@ -33,7 +33,10 @@ Procedures (kvcs-draft "Consumer Procedures"):
   data track (exactly once); a completed one: FETCH of layers a..b (Absolute Start, Group
   End; ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
   excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
-  layer;
+  layer. The layers are asked for a few at a time (``fetch_window``, :data:`FETCH_WINDOW`):
+  two FETCHes per track open, the next sent once the objects waiting for verification are
+  below half the window, so a relay sending at full speed does not fill the consumer's
+  memory (its QUIC transport gives no back-pressure);
 * relay profiles (``relay_profile``, :mod:`kvcs.kvnet.relay_profile`): what the relay
   supports decides how a data track is retrieved (``"kvcs"``: a full draft-22 relay, with
   automatic fallbacks where a request is refused; ``"moq-dev"``: the limits of moq-dev/moq,
@@ -112,6 +115,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISCOVERY_MODES",
+    "FETCH_WINDOW",
     "RELAY_PROFILES",
     "ConsumerStats",
     "KvConsumer",
@@ -121,6 +125,19 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+FETCH_WINDOW = 16 << 20
+"""``KvConsumer(fetch_window=...)``, bytes: about the most a completed segment's received
+objects hold in the consumer before they are verified and placed. Its data tracks are
+FETCHed a few layers at a time, two FETCHes per track open at once, the next one sent when
+at most half this many bytes wait for verification (:attr:`Retrieval.fetch_step
+<kvcs.kvnet.retrieval.Retrieval.fetch_step>`). QUIC gives no back-pressure here: the
+consumer's QUIC library returns a stream's flow-control credit as the session reads the
+bytes, not as they are verified, so one FETCH of every layer from a relay that holds them
+all left up to 110 MiB of a 128 MiB cache queued (bench/bench_e2e.py, completed pull).
+None: one FETCH of all wanted layers per track, unbounded. A layer of every track larger
+than a quarter of the window is fetched alone (the bound is then half the window plus two
+such layers)."""
 
 #: ``KvConsumer(discovery=...)``: one namespace listing (the default without an index), the
 #: KVSP Index only, both at once with the index's publications first (the default with an
@@ -140,6 +157,8 @@ class KvConsumer:
     a relay the index names that none of ``endpoints`` is connected to, and reopens the
     relay of an endpoint whose session ended when an interrupted retrieval has no other
     open endpoint to go on with (the consumer owns and :meth:`aclose` closes those).
+    ``fetch_window`` (bytes, :data:`FETCH_WINDOW`): about the most received objects of a
+    completed segment held waiting for verification (None: no bound).
     """
 
     def __init__(
@@ -163,6 +182,7 @@ class KvConsumer:
         connect: Callable[[str], Awaitable[Endpoint]] | None = None,
         secure: SecureObjects | None = None,
         key_wait_s: float = 2.0,
+        fetch_window: int | None = FETCH_WINDOW,
     ) -> None:
         given = [endpoints] if isinstance(endpoints, Endpoint) else list(endpoints)
         if not given and http is None and index is None:
@@ -211,6 +231,11 @@ class KvConsumer:
         objects that decrypt (None: only unprotected publications)."""
         self.key_wait_s = key_wait_s
         """Seconds an object with an unknown Key ID waits for its key before it is missing."""
+        if fetch_window is not None and fetch_window <= 0:
+            raise ValueError("fetch_window must be a positive number of bytes (or None)")
+        self.fetch_window = fetch_window
+        """About the most bytes of received objects of completed segments held waiting for
+        verification (:data:`FETCH_WINDOW`); None: no bound."""
         self.pool = EndpointPool(given, connect, recompute_budget_s)
         """The endpoints in use (given, opened for index-named relays, reopened)."""
         self._retrievals: set[Retrieval] = set()

@@ -68,6 +68,9 @@ class ConsumerStats(AssemblyStats):
     last_progress_at: float | None = None
     """When the newest object that was verified and placed arrived (``time.monotonic()``):
     the recompute budget runs from there."""
+    intake_peak_bytes: int = 0
+    """The most payload bytes of received objects held at once waiting for verification
+    and placement (bounded by ``KvConsumer.fetch_window`` for completed segments)."""
     discovery_requests: int = 0
     """MOQT requests and KVSP Index lookups sent by discovery (one per lookup by default;
     one per prefix length probed with ``discovery="prefix"``)."""

@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import KvLayer, LayerArrays, LayerAssembler, Outcome, select_tracks
 from ..kv.component import Component
@@ -38,9 +40,14 @@ from .relay_profile import TrackRetrieval
 if TYPE_CHECKING:
     from .retrieval import Retrieval
 
-__all__ = ["SOURCE_LOST", "Intake", "MoqtSource", "Progress", "SegmentRun"]
+__all__ = ["FETCHES_IN_FLIGHT", "SOURCE_LOST", "Intake", "MoqtSource", "Progress",
+           "SegmentRun"]
 
 log = logging.getLogger(__name__)
+
+FETCHES_IN_FLIGHT = 2
+"""FETCHes of one track of a completed segment open at once: the next is sent while the
+previous one's objects arrive, so the link does not wait a round trip per FETCH."""
 
 #: PUBLISH_DONE codes that end a subscription because its source went away, not because
 #: the track ended or was refused: the transfer goes on elsewhere.
@@ -95,14 +102,27 @@ class Intake:
     (:meth:`~kvcs.kv.assembly.LayerAssembler.accept_run`). A batch is what arrived while
     the previous one was hashed (at least one loop turn's)."""
 
-    def __init__(self) -> None:
-        self._pending: list[_Run] = []
+    def __init__(self, low_water: int | None = None,
+                 stats: ConsumerStats | None = None, batch_bytes: int | None = None) -> None:
+        self._pending: list[tuple[_Run, int]] = []
         self._task: asyncio.Task[None] | None = None
         self.queued = 0
         """Objects queued so far."""
         self.done = 0
         """Objects verified (or refused) so far, in queueing order."""
+        self.held = 0
+        """Payload bytes of the objects queued and not yet verified and placed (those of a
+        batch are given back once the whole batch is placed: it holds them until then)."""
+        self.low_water = low_water
+        """:meth:`room` waits while more than this many bytes are held (None: never)."""
+        self.stats = stats
+        self.batch_bytes = batch_bytes
+        """Most bytes hashed and placed in one batch (None: all that waits). With a low
+        water, smaller batches give bytes back sooner: the next FETCH goes out while the
+        following batch is hashed, instead of the link idling through one batch of all
+        that is held."""
         self._settled = asyncio.Event()
+        self._room = asyncio.Event()
 
     @property
     def pending(self) -> int:
@@ -129,10 +149,25 @@ class Intake:
             self._queue((run, kind, kept, track_properties, pub, arrived), len(kept))
 
     def _queue(self, entry: _Run, count: int) -> None:
-        self._pending.append(entry)
+        nbytes = sum([len(o.payload) for o in entry[2]])
+        self._pending.append((entry, nbytes))
         self.queued += count
+        self.held += nbytes
+        stats = self.stats
+        if stats is not None and self.held > stats.intake_peak_bytes:
+            stats.intake_peak_bytes = self.held
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def room(self) -> None:
+        """Wait until at most :attr:`low_water` bytes are held (at once if so, or if there
+        is no low water). A completed segment's next FETCH waits for this
+        (:meth:`SegmentRun._fetch_layers`): QUIC returns a stream's flow-control credit as
+        the session reads the bytes, not as they are verified, so this is the only bound
+        on what a fast relay leaves queued here."""
+        while self.low_water is not None and self.held > self.low_water:
+            self._room.clear()
+            await self._room.wait()
 
     async def settle(self) -> None:
         """Wait until the objects queued so far (not those that arrive meanwhile) are
@@ -145,13 +180,14 @@ class Intake:
     async def _drain(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                batch = self._take_batch()
                 # protected objects are hashed once decrypted, by the assembler
                 digests = await sha256_digests(
-                    [o.payload[HEADER_SIZE:] for run, _, objs, *_ in batch
+                    [o.payload[HEADER_SIZE:] for (run, _, objs, *_), _ in batch
                      if run.assembler.secure is None for o in objs])
                 at = 0
-                for run, kind, objs, props, pub, arrived in batch:
+                placed = 0
+                for (run, kind, objs, props, pub, arrived), nbytes in batch:
                     if run.assembler.secure is None:
                         known: Sequence[bytes | None] | None = digests[at:at + len(objs)]
                         at += len(objs)
@@ -159,10 +195,32 @@ class Intake:
                         known = None
                     run.take_run(kind, objs, props, pub, known, arrived)
                     self.done += len(objs)
+                    placed += nbytes
+                del batch, digests, objs, known
+                self.held -= placed
                 self._settled.set()
+                if self.low_water is not None and self.held <= self.low_water:
+                    self._room.set()
         finally:
             self._task = None
             self._settled.set()
+            self._room.set()
+
+    def _take_batch(self) -> list[tuple[_Run, int]]:
+        """The next batch: what waits, in arrival order, up to :attr:`batch_bytes`."""
+        pending, limit = self._pending, self.batch_bytes
+        if limit is None:
+            self._pending = []
+            return pending
+        size = count = 0
+        for _, nbytes in pending:
+            count += 1
+            size += nbytes
+            if size >= limit:
+                break
+        batch = pending[:count]
+        del pending[:count]
+        return batch
 
     async def flush(self) -> None:
         """Wait until every object queued so far is verified and placed."""
@@ -172,6 +230,8 @@ class Intake:
     def close(self) -> None:
         """Drop what is queued (the retrieval has ended)."""
         self._pending.clear()
+        self.held = 0
+        self._room.set()
         if self._task is not None:
             self._task.cancel()
 
@@ -311,7 +371,7 @@ class SegmentRun:
             if retrieval is TrackRetrieval.FETCH:
                 await self._fetch_layers(ep, pub, kind, name,
                                          self.assembler.layers if layers is None else layers,
-                                         blocks)
+                                         blocks, windowed=True)
             elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
                 sub = await ep.subscribe(
                     pub.fields, name.encode(),
@@ -370,35 +430,86 @@ class SegmentRun:
                 with contextlib.suppress(ConnectionError, KeyError, ValueError):
                     await sub.cancel()
 
+    def layer_bytes(self) -> int:
+        """The bytes of one layer's objects of this segment in its selected tracks, as raw
+        encoding has them (payload header and Data): what a FETCH of one layer brings.
+        Other encodings (q8, zstd) bring fewer; a protected object adds its tag and Key
+        ID."""
+        d = self.c.descriptor
+        item = d.dtype.itemsize
+        k, v = (int(np.prod(shape)) * item for shape in (d.k_shape(), d.v_shape()))
+        size = {Component.K: k, Component.V: v, Component.KV: k + v}
+        return self.n * sum(HEADER_SIZE + size[kind] for kind in self.assembler.tracks)
+
     async def _fetch_layers(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
-                            layers: Sequence[int], blocks: Sequence[int] | None = None) -> None:
+                            layers: Sequence[int], blocks: Sequence[int] | None = None,
+                            *, windowed: bool = False) -> None:
+        """FETCH ``layers`` of a track (of ``blocks``, default all) and give every object to
+        the assembler. ``windowed`` (a completed segment, its resumption and recovery):
+        :attr:`Retrieval.fetch_step` layers per FETCH, at most :data:`FETCHES_IN_FLIGHT`
+        of them open at once, each sent when the intake holds at most its low water
+        (:meth:`Intake.room`), so that a relay sending at full speed never leaves more
+        than about ``KvConsumer.fetch_window`` bytes waiting for verification."""
         rf = self._fetch_params(ep, blocks)
-        for a, b in self.c.relay_profile.fetch_spans(layers):
-            try:
-                await self._fetch(ep, pub, kind, name, a, b, rf)
-            except MoqtRequestError as exc:
-                if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
-                                              RequestErrorCode.INVALID_RANGE,
-                                              RequestErrorCode.INTERNAL_ERROR):
-                    raise
-                # relays that refuse multi-group FETCH: one FETCH per layer
-                for g in range(a, b + 1):
-                    await self._fetch(ep, pub, kind, name, g, g, rf)
+        spans = self.c.relay_profile.fetch_spans(layers)
+        step = self.r.fetch_step if windowed else None
+        if step is None:
+            for a, b in spans:
+                await self._fetch_span(ep, pub, kind, name, a, b, rf)
+            return
+        intake = self.r.intake
+        opened: set[asyncio.Task[None]] = set()
+        try:
+            for a, b in spans:
+                for first in range(a, b + 1, step):
+                    while len(opened) >= FETCHES_IN_FLIGHT:
+                        opened = await _one_ended(opened)
+                    await intake.room()
+                    opened.add(asyncio.create_task(self._fetch_span(
+                        ep, pub, kind, name, first, min(first + step - 1, b), rf,
+                        flush=False)))
+            while opened:
+                opened = await _one_ended(opened)
+        finally:
+            for t in opened:
+                t.cancel()
+            for t in opened:
+                with contextlib.suppress(BaseException):
+                    await t
+        await intake.flush()
+
+    async def _fetch_span(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
+                          a: int, b: int, rf: tuple[RangeFilter, ...],
+                          flush: bool = True) -> None:
+        """FETCH layers ``a..b`` of a track: one FETCH, or one per layer from a relay that
+        refuses multi-group FETCH."""
+        try:
+            await self._fetch(ep, pub, kind, name, a, b, rf, flush)
+        except MoqtRequestError as exc:
+            if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
+                                          RequestErrorCode.INVALID_RANGE,
+                                          RequestErrorCode.INTERNAL_ERROR):
+                raise
+            # relays that refuse multi-group FETCH: one FETCH per layer
+            for g in range(a, b + 1):
+                await self._fetch(ep, pub, kind, name, g, g, rf, flush)
 
     async def _fetch(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
-                     first: int, last: int, rf: tuple[RangeFilter, ...]) -> None:
+                     first: int, last: int, rf: tuple[RangeFilter, ...],
+                     flush: bool = True) -> None:
         """FETCH layers ``first..last`` of a track and give every object to the assembler."""
         res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
                              location_filter=LocationFilter.absolute_group_end(
                                  first, 0, last - first))
         props = res.ok.track_properties if res.ok is not None else ()
-        await self._take_all(res, kind, props, pub)
+        await self._take_all(res, kind, props, pub, flush)
 
     async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
-                        track_properties: Properties, pub: Publication | None = None) -> None:
+                        track_properties: Properties, pub: Publication | None = None,
+                        flush: bool = True) -> None:
         """Give every object of a subscription or fetch to the retrieval's intake until
         it ends (each as it is parsed: a callback, no queue; those queued before through
-        the iterator) and wait until they are all verified and placed."""
+        the iterator) and (``flush``) wait until they are all verified and placed."""
         put, put_run = self.r.intake.put, self.r.intake.put_run
         now = asyncio.get_running_loop().time
         # the objects parsed together (a read's run of this track) in one call each
@@ -406,7 +517,8 @@ class SegmentRun:
             lambda objs: put_run(self, kind, objs, track_properties, pub, now()))
         async for obj in stream:
             put((self, kind, obj, track_properties, pub, now()))
-        await self.r.intake.flush()
+        if flush:
+            await self.r.intake.flush()
 
     async def fetch_missing(self, ep: Endpoint, pub: Publication,
                             missing: dict[int, list[int]], deadline: float) -> None:
@@ -423,12 +535,25 @@ class SegmentRun:
             name = track.format()
             try:
                 await asyncio.wait_for(
-                    self._fetch_layers(ep, pub, kind, name, layers, blocks), left)
+                    self._fetch_layers(ep, pub, kind, name, layers, blocks, windowed=True),
+                    left)
             # SessionUsageError: the session closed after the is_closed check above (a
             # relay killed mid-recovery; make faults on a loaded host raised it out of
             # the retrieval instead of naming the missing blocks)
             except (MoqtRequestError, ConnectionError, TimeoutError, SessionUsageError) as exc:
                 log.info("recovery fetch of %s failed: %s", name, exc or "timeout")
+
+
+async def _one_ended(tasks: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+    """Wait until one of ``tasks`` (FETCHes) has ended; the others. The first failure of
+    those that ended is raised (ending the feeder)."""
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    failed = [exc for t in done if (exc := t.exception()) is not None]
+    if failed:
+        tasks.clear()
+        tasks.update(pending)  # the caller's set: it cancels them
+        raise failed[0]
+    return pending
 
 
 class MoqtSource:

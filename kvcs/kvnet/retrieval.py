@@ -54,7 +54,6 @@ class Retrieval:
         """Block indexes in RecomputeRequired are within the prefix (else the segment)."""
         self.into = into
         self.progress = Progress(consumer.stats)
-        self.intake = Intake()
         self.source: Endpoint = consumer.source(pub)
         """The endpoint the retrieval uses now."""
         self.runs: list[SegmentRun] = []
@@ -62,6 +61,19 @@ class Retrieval:
         for seg, n in plan:
             self.runs.append(SegmentRun(self, seg, n, row))
             row += n * consumer.descriptor.block_tokens
+        window = consumer.fetch_window
+        self.fetch_step: int | None = None
+        """Layers per FETCH of a completed segment (None: one FETCH of all its layers per
+        track): what a quarter of ``KvConsumer.fetch_window`` holds of one layer of every
+        segment and track, at least one. With two FETCHes of each track open at once
+        (:data:`~kvcs.kvnet.moqt_source.FETCHES_IN_FLIGHT`) and the next one sent only
+        when the intake holds at most half the window, the intake never holds more than
+        half the window plus what the open FETCHes bring: about the window."""
+        if window is not None:
+            layer = sum(r.layer_bytes() for r in self.runs)
+            self.fetch_step = max(1, window // 4 // max(1, layer))
+        self.intake = Intake(None if window is None else window // 2, consumer.stats,
+                             None if window is None else max(1, window // 8))
         self.next = layers.start
         """The next layer to yield."""
         self.resumes = 0
