@@ -15,11 +15,18 @@ from kvcs.testing import LocalNet
 LAYERS = 6
 BLOCK = 4
 BLOCKS = 16
-DESC = CompatDescriptor.from_dict({
-    "kvsp": 1, "model": "e2e-tiny", "revision": "0", "tokenizer": "t0", "layers": LAYERS,
-    "kv_heads": 2, "head_dim": 64, "dtype": "bfloat16", "block_tokens": BLOCK,
-    "layout": "tnd", "rope": "post",
-})
+
+
+def descriptor(model: str, layers: int, block: int) -> CompatDescriptor:
+    """A tiny bfloat16 model's descriptor: 2 KV heads of 64."""
+    return CompatDescriptor.from_dict({
+        "kvsp": 1, "model": model, "revision": "0", "tokenizer": "t0", "layers": layers,
+        "kv_heads": 2, "head_dim": 64, "dtype": "bfloat16", "block_tokens": block,
+        "layout": "tnd", "rope": "post",
+    })
+
+
+DESC = descriptor("e2e-tiny", LAYERS, BLOCK)
 SCOPE = ScopeKey.from_bytes(bytes(range(32)))
 PROMPT = np.arange(1000, 1000 + BLOCK * BLOCKS, dtype=np.int64)
 

@@ -11,7 +11,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kvcs.kv.ids import CompatDescriptor
 from kvcs.kv.payload import HEADER_SIZE
 from kvcs.kvnet import moqt_source
 from kvcs.kvnet.consumer import KvConsumer
@@ -19,16 +18,12 @@ from kvcs.kvnet.moqt_source import FETCHES_IN_FLIGHT
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.testing import LocalNet
 
-from .conftest import SCOPE, same
+from .conftest import SCOPE, descriptor, same
 
 LAYERS = 12
 BLOCK = 16
 BLOCKS = 32
-DESC = CompatDescriptor.from_dict({
-    "kvsp": 1, "model": "e2e-window", "revision": "0", "tokenizer": "t0", "layers": LAYERS,
-    "kv_heads": 2, "head_dim": 64, "dtype": "bfloat16", "block_tokens": BLOCK,
-    "layout": "tnd", "rope": "post",
-})
+DESC = descriptor("e2e-window", LAYERS, BLOCK)
 PROMPT = np.arange(5000, 5000 + BLOCK * BLOCKS, dtype=np.int64)
 OBJECT = HEADER_SIZE + BLOCK * 2 * 64 * 2  # one raw block of K (or V) with its header
 LAYER = 2 * BLOCKS * OBJECT  # one layer of both tracks
