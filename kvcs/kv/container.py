@@ -206,9 +206,7 @@ def read_container(
 
 
 def _check_raw_len(desc: CompatDescriptor, i: int, k_len: int, v_len: int) -> None:
-    item = desc.dtype.itemsize
-    want_k = int(np.prod(desc.k_shape())) * item
-    want_v = int(np.prod(desc.v_shape())) * item
+    want_k, want_v = desc.raw_bytes()
     if (k_len, v_len) != (want_k, want_v):
         raise ContainerError(f"layer {i}: raw sections {k_len}/{v_len}, expected {want_k}/{want_v}")
 

@@ -227,6 +227,12 @@ class CompatDescriptor:
         """Shape (B, H, Dv) of one block's V tensor for one layer."""
         return (self.block_tokens, self.kv_heads, self.v_head_dim)
 
+    def raw_bytes(self) -> tuple[int, int]:
+        """Octets of one block's K and V tensors for one layer, raw encoding."""
+        item = self.dtype.itemsize
+        return (self.block_tokens * self.kv_heads * self.head_dim * item,
+                self.block_tokens * self.kv_heads * self.v_head_dim * item)
+
 
 def _as_descriptor(desc: CompatDescriptor | Mapping[str, Any]) -> CompatDescriptor:
     return desc if isinstance(desc, CompatDescriptor) else CompatDescriptor.from_dict(desc)

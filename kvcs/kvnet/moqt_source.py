@@ -16,8 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
 from ..kv.assembly import KvLayer, LayerArrays, LayerAssembler, Outcome, select_tracks
 from ..kv.component import Component
@@ -435,9 +433,7 @@ class SegmentRun:
         encoding has them (payload header and Data): what a FETCH of one layer brings.
         Other encodings (q8, zstd) bring fewer; a protected object adds its tag and Key
         ID."""
-        d = self.c.descriptor
-        item = d.dtype.itemsize
-        k, v = (int(np.prod(shape)) * item for shape in (d.k_shape(), d.v_shape()))
+        k, v = self.c.descriptor.raw_bytes()
         size = {Component.K: k, Component.V: v, Component.KV: k + v}
         return self.n * sum(HEADER_SIZE + size[kind] for kind in self.assembler.tracks)
 
