@@ -108,6 +108,9 @@ async def scenarios(cert: DevCertificate, tmp: Path) -> dict[str, Any]:
             for p in [*prompts, exact]:  # each returns once the relay holds the publication
                 await producer.generate(p, max_tokens=1)
             published = [e for e in read_events(tmp / "p.jsonl") if e["event"] == "publish"]
+            failed = [e for e in published if "error" in e]
+            assert not failed, (f"the producer could not publish: {failed}\n"
+                                + (tmp / "producer.log").read_text(errors="replace")[-4000:])
             out["published"] = published
             evil.tamper = bytes.fromhex(published[1]["publication"])
             evil.withhold = bytes.fromhex(published[2]["publication"])
