@@ -58,7 +58,7 @@ from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.kv.ids import CompatDescriptor, ScopeKey
 from kvcs.kv.secure import ContentKey, SecureObjects
-from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.consumer import FETCH_WINDOW, KvConsumer
 from kvcs.kvnet.publisher import KvPublisher, PublisherOptions
 from kvcs.transport import DevCertificate, ensure_dev_certificate
 
@@ -137,6 +137,9 @@ class Transfer:
     ``StreamedCache``: ``KvConsumer.layers(into=)``); False: new arrays for each layer, as
     a caller that keeps each layer it is handed (their first touch is then part of the
     transfer: ~0.3-0.4 ms/MiB on these VMs, docs/perf-profile.md)."""
+    fetch_window: int | None = FETCH_WINDOW
+    """``KvConsumer(fetch_window=)``: what a completed pull holds waiting for
+    verification, at most (None: no bound)."""
 
     @property
     def taken_codec(self) -> str:
@@ -156,7 +159,8 @@ class Transfer:
 
     def consumer(self, ep: Endpoint, warm_up: bool = False) -> KvConsumer:
         args = (ep, ScopeKey.from_bytes(SCOPE), _desc(), _tokens(warm_up))
-        kw: dict[str, Any] = {"codec": self.taken_codec, "secure": self._secure()}
+        kw: dict[str, Any] = {"codec": self.taken_codec, "secure": self._secure(),
+                              "fetch_window": self.fetch_window}
         if self.interop:
             kw.update(hex_namespace=True, relay_profile="moq-dev", discovery_timeout=0.5)
         return KvConsumer(*args, **kw)
