@@ -707,9 +707,9 @@ class KvcsConnector(KVConnectorBase_V1):
                 self.events.write("publish", req=rid, waited_s=time.perf_counter() - t0,
                                   deferred=self._shared_cores, copied_s=copied, **info)
             except Exception as exc:
-                log.warning("kvcs: publishing request %s failed: %s: %s", rid,
-                            type(exc).__name__, exc)
-                self.events.write("publish", req=rid, error=f"{type(exc).__name__}: {exc}")
+                why = f"{type(exc).__name__}: {exc}"  # a timeout's own text is empty
+                log.warning("kvcs: publishing request %s failed: %s", rid, why)
+                self.events.write("publish", req=rid, error=why)
 
     def shutdown(self) -> None:
         return None
