@@ -138,8 +138,12 @@ class Transfer:
     a caller that keeps each layer it is handed (their first touch is then part of the
     transfer: ~0.3-0.4 ms/MiB on these VMs, docs/perf-profile.md)."""
     fetch_window: int | None = FETCH_WINDOW
-    """``KvConsumer(fetch_window=)``: what a completed pull holds waiting for
-    verification, at most (None: no bound)."""
+    """``KvConsumer(fetch_window=)``: what a completed pull (or a late join of a live
+    cache) holds waiting for verification, at most (None: no bound)."""
+    joined_after: int = 0
+    """Live: the layers the publisher has put before the consumer subscribes (a late
+    joiner: they come through its fill and FETCHes, the rest live; the clock then starts
+    at the consumer's first request)."""
 
     @property
     def taken_codec(self) -> str:
@@ -192,13 +196,18 @@ class _CachePublisher:
             await warm.finish()
         self.pub = KvPublisher(self.target, scope, _desc(), _tokens(), options)
         await self.pub.start()
+        for i in range(self.spec.joined_after):  # before a late joiner subscribes
+            await self.pub.put_layer(i, *self.layers[i])
 
     async def publish(self) -> dict[str, Any]:
-        """Put every layer and finish; the start time and each layer's (start, end)."""
+        """Put every layer (not yet put) and finish; the start time and each layer's
+        (start, end)."""
         assert self.pub is not None
         go, cpu = time.perf_counter(), time.process_time()
         spans = []
         for i, (k, v) in enumerate(self.layers):
+            if i < self.spec.joined_after:
+                continue
             start = time.perf_counter()
             await self.pub.put_layer(i, k, v)
             spans.append((start, time.perf_counter()))
@@ -263,6 +272,7 @@ async def _consume(ep: Endpoint, spec: Transfer,
                 assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.05
     return {**times, "cpu_s": cpu, "bytes": c.stats.bytes, "data_bytes": held_bytes,
             "rss_growth": sampled - base, "rejected": c.stats.rejected,
+            "intake_peak_bytes": c.stats.intake_peak_bytes,
             "layers": len(held), "arrivals": arrivals}
 
 
@@ -352,7 +362,7 @@ def _result(consumer: dict[str, Any], publisher: dict[str, Any], spec: Transfer,
     """The consumer's report plus ``seconds``, ``ttfl``, ``mib_s``, the relay's CPU ms per
     MiB and the ``timeline`` (ms since the clock started). The clock starts at the
     publisher's first layer (live) or at the consumer's first request (completed)."""
-    t0 = publisher["go"] if spec.live else consumer["start"]
+    t0 = publisher["go"] if spec.live and not spec.joined_after else consumer["start"]
     r = dict(consumer)
     r["seconds"] = r["end"] - t0
     r["ttfl"] = r["first"] - t0

@@ -29,14 +29,17 @@ Procedures (kvcs-draft "Consumer Procedures"):
   namespace's; a segment is used only when its ``block_keys_sha256`` covers the consumer's
   own Block Keys (:meth:`KvConsumer.covered_blocks`). While a segment is live the
   subscription stays open: newer versions bring completion and ``object_digests``;
-* a live segment: SUBSCRIBE with Next Object + FILL_PARAMETERS from {0,0} on each needed
-  data track (exactly once); a completed one: FETCH of layers a..b (Absolute Start, Group
-  End; ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range filters (else the
-  excess objects are discarded); relays that refuse multi-group FETCH get one FETCH per
-  layer. The layers are asked for a few at a time (``fetch_window``, :data:`FETCH_WINDOW`):
-  two FETCHes per track open, the next sent once the objects waiting for verification are
-  below half the window, so a relay sending at full speed does not fill the consumer's
-  memory (its QUIC transport gives no back-pressure);
+* a live segment: SUBSCRIBE with Next Object + FILL_PARAMETERS from the first wanted layer
+  on each needed data track (exactly once); a completed one: FETCH of layers a..b (Absolute
+  Start, Group End; ascending) plus OBJECTID_FILTER 0..n-1 when the peer allows range
+  filters (else the excess objects are discarded); relays that refuse multi-group FETCH get
+  one FETCH per layer. The layers are asked for a few at a time (``fetch_window``,
+  :data:`FETCH_WINDOW`): two FETCHes per track open, the next sent once the objects waiting
+  for verification are below half the window, so a relay sending at full speed does not
+  fill the consumer's memory (its QUIC transport gives no back-pressure). A live segment's
+  fill then reaches only as many layers as one such FETCH, and the layers after them up to
+  the SUBSCRIBE_OK's Largest Object are FETCHed the same way while the subscription runs
+  (a consumer joining a mostly finished segment);
 * relay profiles (``relay_profile``, :mod:`kvcs.kvnet.relay_profile`): what the relay
   supports decides how a data track is retrieved (``"kvcs"``: a full draft-22 relay, with
   automatic fallbacks where a request is refused; ``"moq-dev"``: the limits of moq-dev/moq,
@@ -127,8 +130,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FETCH_WINDOW = 64 << 20
-"""``KvConsumer(fetch_window=...)``, bytes: about the most a completed segment's received
-objects hold in the consumer before they are verified and placed. Its data tracks are
+"""``KvConsumer(fetch_window=...)``, bytes: about the most a segment's received objects
+hold in the consumer before they are verified and placed. A completed segment's data
+tracks (and what a live one had published before the consumer joined) are
 FETCHed a few layers at a time, two FETCHes per track open at once, the next one sent when
 at most half this many bytes wait for verification (:attr:`Retrieval.fetch_step
 <kvcs.kvnet.retrieval.Retrieval.fetch_step>`). QUIC gives no back-pressure here: the
@@ -160,7 +164,7 @@ class KvConsumer:
     relay of an endpoint whose session ended when an interrupted retrieval has no other
     open endpoint to go on with (the consumer owns and :meth:`aclose` closes those).
     ``fetch_window`` (bytes, :data:`FETCH_WINDOW`): about the most received objects of a
-    completed segment held waiting for verification (None: no bound).
+    segment held waiting for verification (None: no bound).
     """
 
     def __init__(

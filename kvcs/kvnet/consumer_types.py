@@ -70,7 +70,8 @@ class ConsumerStats(AssemblyStats):
     the recompute budget runs from there."""
     intake_peak_bytes: int = 0
     """The most payload bytes of received objects held at once waiting for verification
-    and placement (bounded by ``KvConsumer.fetch_window`` for completed segments)."""
+    and placement (about ``KvConsumer.fetch_window`` at most, plus what a live segment's
+    publisher sends meanwhile)."""
     discovery_requests: int = 0
     """MOQT requests and KVSP Index lookups sent by discovery (one per lookup by default;
     one per prefix length probed with ``discovery="prefix"``)."""

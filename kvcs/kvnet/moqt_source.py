@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..endpoint import Endpoint, FetchResult, MoqtRequestError, ReceivedObject, Subscription
@@ -24,6 +24,7 @@ from ..kv.payload import HEADER_SIZE
 from ..moqt.errors import PublishDoneCode, RequestErrorCode, SessionUsageError
 from ..moqt.wire import (
     PARAM_OBJECTID_FILTER,
+    Location,
     LocationFilter,
     ObjectStatus,
     Parameters,
@@ -371,19 +372,13 @@ class SegmentRun:
                                          self.assembler.layers if layers is None else layers,
                                          blocks, windowed=True)
             elif retrieval is TrackRetrieval.SUBSCRIBE_FROM_START:
-                sub = await ep.subscribe(
-                    pub.fields, name.encode(),
-                    location_filter=LocationFilter.next_object(),
-                    fill=Parameters(location_filter=LocationFilter.absolute_start(0, 0)),
-                    priority=0)
-                try:
-                    await self._take_all(sub, kind, sub.track_properties)
-                    self._source_lost(sub)
-                finally:
-                    if not sub.finished:
-                        await sub.cancel()
+                await self._subscribe_from_start(ep, kind, name)
             else:
-                await self._follow_current_group(ep, kind, name)
+                # the fill reaches only inside the current group: FETCH every layer before it
+                layers = self.assembler.layers
+                await self._subscribe_and_fetch(
+                    ep, kind, name, LocationFilter.relative_start(1),
+                    lambda largest: range(layers.start, min(largest.group, layers.stop)))
         except (MoqtRequestError, ConnectionError, SessionUsageError) as exc:
             log.warning("retrieval of %s failed: %s", name, exc)
             # the source went away (or again, once resumed); a refusal of the first
@@ -399,25 +394,48 @@ class SegmentRun:
             self.feeding -= 1
             self.r.progress.ready.set()
 
-    async def _follow_current_group(self, ep: Endpoint, kind: Component, name: str) -> None:
-        """A track behind a relay that fills only inside the current group: SUBSCRIBE
-        Next Object + a fill of the current group (Relative Start 1), and one FETCH per
-        layer before the current one, while the subscription runs. Overlaps are harmless
-        (duplicates are dropped); nothing is missed: the fill and the live part cover
-        {Largest.Group, 0} onwards, the FETCHes everything before."""
-        pub = self.r.pub
-        sub = await ep.subscribe(
-            pub.fields, name.encode(),
-            location_filter=LocationFilter.next_object(),
-            fill=Parameters(location_filter=LocationFilter.relative_start(1)),
-            priority=0)
+    async def _subscribe_from_start(self, ep: Endpoint, kind: Component, name: str) -> None:
+        """A live track behind a relay that fills from any Location: SUBSCRIBE Next Object
+        with a fill from the first wanted layer (Absolute Start), every layer exactly once.
+        When the wanted layers are more than one windowed FETCH holds
+        (:attr:`Retrieval.fetch_step`), the fill reaches only that many (Absolute Group
+        End) and the layers after them up to the Largest Object are FETCHed within the
+        window while the subscription runs: a consumer that joins a mostly finished
+        segment then holds no more than it would pulling the segment completed (a
+        whole-track fill comes at the relay's full speed, 10 of 12 layers queued at once
+        in tests/e2e/test_completed_pull_memory.py, whatever verification keeps up
+        with)."""
+        layers, step = self.assembler.layers, self.r.fetch_step
+        if step is None or layers.start + step >= layers.stop:
+            # the document's exactly-once pattern (Retrieval during Production)
+            await self._subscribe_and_fetch(
+                ep, kind, name, LocationFilter.absolute_start(layers.start, 0),
+                lambda largest: ())
+            return
+        await self._subscribe_and_fetch(
+            ep, kind, name, LocationFilter.absolute_group_end(layers.start, 0, step - 1),
+            lambda largest: range(layers.start + step, min(largest.group + 1, layers.stop)))
 
+    async def _subscribe_and_fetch(self, ep: Endpoint, kind: Component, name: str,
+                                   fill: LocationFilter,
+                                   fetched: Callable[[Location], Sequence[int]]) -> None:
+        """SUBSCRIBE Next Object with a ``fill`` and FETCH (within the fetch window) the
+        layers ``fetched`` names for the SUBSCRIBE_OK's Largest Object, while the
+        subscription runs, none of them past that Largest Object: the subscription brings
+        every Location after it, so ``fill`` and ``fetched`` must cover the wanted ones up
+        to it (overlaps would be harmless: duplicates are dropped)."""
+        pub = self.r.pub
+        sub = await ep.subscribe(pub.fields, name.encode(),
+                                 location_filter=LocationFilter.next_object(),
+                                 fill=Parameters(location_filter=fill), priority=0)
         live = asyncio.create_task(self._take_all(sub, kind, sub.track_properties))
         try:
             largest = sub.largest
             if largest is not None:
-                past = [g for g in self.assembler.layers if g < largest.group]
-                await self._fetch_layers(ep, pub, kind, name, past)
+                past = fetched(largest)
+                if past:
+                    await self._fetch_layers(ep, pub, kind, name, past, windowed=True,
+                                             end=largest)
             await live
             self._source_lost(sub)
         finally:
@@ -439,19 +457,20 @@ class SegmentRun:
 
     async def _fetch_layers(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
                             layers: Sequence[int], blocks: Sequence[int] | None = None,
-                            *, windowed: bool = False) -> None:
+                            *, windowed: bool = False, end: Location | None = None) -> None:
         """FETCH ``layers`` of a track (of ``blocks``, default all) and give every object to
         the assembler. ``windowed`` (a completed segment, its resumption and recovery):
         :attr:`Retrieval.fetch_step` layers per FETCH, at most :data:`FETCHES_IN_FLIGHT`
         of them open at once, each sent when the intake holds at most its low water
         (:meth:`Intake.room`), so that a relay sending at full speed never leaves more
-        than about ``KvConsumer.fetch_window`` bytes waiting for verification."""
+        than about ``KvConsumer.fetch_window`` bytes waiting for verification. ``end``:
+        nothing after this Location is fetched (what a subscription brings)."""
         rf = self._fetch_params(ep, blocks)
         spans = self.c.relay_profile.fetch_spans(layers)
         step = self.r.fetch_step if windowed else None
         if step is None:
             for a, b in spans:
-                await self._fetch_span(ep, pub, kind, name, a, b, rf)
+                await self._fetch_span(ep, pub, kind, name, a, b, rf, end=end)
             return
         intake = self.r.intake
         opened: set[asyncio.Task[None]] = set()
@@ -463,7 +482,7 @@ class SegmentRun:
                     await intake.room()
                     opened.add(asyncio.create_task(self._fetch_span(
                         ep, pub, kind, name, first, min(first + step - 1, b), rf,
-                        flush=False)))
+                        flush=False, end=end)))
             while opened:
                 opened = await _one_ended(opened)
         finally:
@@ -476,11 +495,11 @@ class SegmentRun:
 
     async def _fetch_span(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
                           a: int, b: int, rf: tuple[RangeFilter, ...],
-                          flush: bool = True) -> None:
+                          flush: bool = True, end: Location | None = None) -> None:
         """FETCH layers ``a..b`` of a track: one FETCH, or one per layer from a relay that
         refuses multi-group FETCH."""
         try:
-            await self._fetch(ep, pub, kind, name, a, b, rf, flush)
+            await self._fetch(ep, pub, kind, name, a, b, rf, flush, end)
         except MoqtRequestError as exc:
             if b == a or exc.code not in (RequestErrorCode.NOT_SUPPORTED,
                                           RequestErrorCode.INVALID_RANGE,
@@ -488,15 +507,18 @@ class SegmentRun:
                 raise
             # relays that refuse multi-group FETCH: one FETCH per layer
             for g in range(a, b + 1):
-                await self._fetch(ep, pub, kind, name, g, g, rf, flush)
+                await self._fetch(ep, pub, kind, name, g, g, rf, flush, end)
 
     async def _fetch(self, ep: Endpoint, pub: Publication, kind: Component, name: str,
                      first: int, last: int, rf: tuple[RangeFilter, ...],
-                     flush: bool = True) -> None:
-        """FETCH layers ``first..last`` of a track and give every object to the assembler."""
-        res = await ep.fetch(pub.fields, name.encode(), range_filters=rf,
-                             location_filter=LocationFilter.absolute_group_end(
-                                 first, 0, last - first))
+                     flush: bool = True, end: Location | None = None) -> None:
+        """FETCH layers ``first..last`` of a track (none of its objects after ``end``) and
+        give every object to the assembler."""
+        if end is not None and end.group == last:
+            lf = LocationFilter.absolute_range(first, 0, last - first, end.object)
+        else:
+            lf = LocationFilter.absolute_group_end(first, 0, last - first)
+        res = await ep.fetch(pub.fields, name.encode(), range_filters=rf, location_filter=lf)
         props = res.ok.track_properties if res.ok is not None else ()
         await self._take_all(res, kind, props, pub, flush)
 

@@ -3,8 +3,10 @@ retrieves data tracks through it (``KvConsumer(relay_profile=...)``).
 
 * :data:`KVCS_RELAY` (``"kvcs"``): a full draft-22 relay such as the kvcs relay. A completed
   track is FETCHed (several layers per FETCH), a live one SUBSCRIBEd with Next Object and a
-  fill from {0, 0}. The consumer still falls back where a request is refused (TRACK_STATUS
-  -> SUBSCRIBE's Largest Object, multi-group FETCH -> one FETCH per layer).
+  fill from the first wanted layer (with a fetch window: a fill of the first layers and
+  FETCHes of the rest up to the Largest Object). The consumer still falls back where a
+  request is refused (TRACK_STATUS -> SUBSCRIBE's Largest Object, multi-group FETCH -> one
+  FETCH per layer).
 * :data:`MOQ_DEV_RELAY` (``"moq-dev"``): the limits of moq-dev/moq. No TRACK_STATUS; one group
   per FETCH; a fill reaches only inside the current group (a wider one is accepted but
   silently delivers nothing); earlier groups are fetched upstream only while the relay holds
@@ -34,7 +36,9 @@ class TrackRetrieval(Enum):
     FETCH = "fetch"
     """FETCH the wanted layers (a completed track)."""
     SUBSCRIBE_FROM_START = "subscribe from start"
-    """SUBSCRIBE with Next Object and a fill from {0, 0}: every layer exactly once."""
+    """SUBSCRIBE with Next Object and a fill from the first wanted layer (with a fetch
+    window: of the first layers, the others up to the Largest Object FETCHed): every
+    layer exactly once."""
     FOLLOW_CURRENT_GROUP = "follow current group"
     """SUBSCRIBE with Next Object and a fill of the current group (Relative Start 1), and
     FETCH each earlier layer while the subscription runs."""

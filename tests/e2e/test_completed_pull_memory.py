@@ -1,7 +1,8 @@
-"""A completed cache pulled through a relay over real QUIC on 127.0.0.1: what the consumer
-holds waiting for verification stays within ``fetch_window`` however slowly it verifies
-(the transport returns flow-control credit as the session reads the bytes, so only the
-consumer's own FETCH pacing bounds it). Bytes are counted, nothing is timed."""
+"""A completed cache pulled, or a live one joined late, through a relay over real QUIC on
+127.0.0.1: what the consumer holds waiting for verification stays within about
+``fetch_window`` however slowly it verifies (the transport returns flow-control credit as
+the session reads the bytes, so only the consumer's own FETCH pacing bounds it).
+Bytes are counted, nothing is timed."""
 
 from __future__ import annotations
 
@@ -102,3 +103,57 @@ async def test_fetch_window_must_be_positive(net: LocalNet) -> None:
     ep = await net.client(await net.relay())
     with pytest.raises(ValueError, match="fetch_window"):
         KvConsumer(ep, SCOPE, DESC, PROMPT, fetch_window=0)
+
+
+LIVE_WINDOW = 4 * LAYER  # a quarter of it: one layer per FETCH and in the fill
+LIVE_PUBLISHED = 10  # layers published before the consumer joins; the last two come live
+
+
+async def _join_live(net: LocalNet, window: int | None) -> KvConsumer:
+    """A consumer joins a live segment whose first ten layers are published, and the
+    publisher sends the last two once the consumer has its first layer."""
+    relay = await net.relay()
+    pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)
+    data = _cache()
+    for i in range(LIVE_PUBLISHED):
+        await pub.put_layer(i, *data[i])
+    consumer = KvConsumer(await net.client(relay), SCOPE, DESC, PROMPT, fetch_window=window)
+    found = await consumer.discover()
+    assert found is not None
+    assert not (await consumer.manifest(found)).segments[0].complete
+    got = []
+    async for layer in consumer.layers(found):
+        got.append(layer)
+        if layer.index == 0:
+            for i in range(LIVE_PUBLISHED, LAYERS):
+                await pub.put_layer(i, *data[i])
+            await pub.finish()
+    assert [x.index for x in got] == list(range(LAYERS))
+    for layer in got:
+        k, v = data[layer.index]
+        assert same(layer.k, k) and same(layer.v, v)
+    st = consumer.stats
+    assert st.objects == LAYERS * BLOCKS * 2 and st.bytes == CACHE  # each object once
+    assert st.rejected == 0 and st.duplicates == 0
+    return consumer
+
+
+async def test_live_join_of_a_mostly_finished_segment_within_window(
+        net: LocalNet, slow_intake: None) -> None:
+    """A live segment's earlier layers come through the fill (the first quarter window of
+    them) and windowed FETCHes up to the SUBSCRIBE_OK's Largest Object, not through one
+    fill at the relay's full speed."""
+    c = await _join_live(net, LIVE_WINDOW)
+    # half the window when the last FETCH went out, plus the FETCHes open then, the
+    # fill's layer and the two live layers
+    step = LIVE_WINDOW // 4 // LAYER
+    assert step == 1
+    bound = LIVE_WINDOW // 2 + (FETCHES_IN_FLIGHT + 1) * step * LAYER + 2 * LAYER
+    assert bound < LIVE_PUBLISHED * LAYER
+    assert 0 < c.stats.intake_peak_bytes <= bound
+
+
+async def test_live_join_unbounded_takes_one_fill(net: LocalNet, slow_intake: None) -> None:
+    """Without the window the fill brings every published layer (each object still once)."""
+    c = await _join_live(net, None)
+    assert c.stats.intake_peak_bytes > LIVE_WINDOW

@@ -12,14 +12,15 @@ import pytest
 from kvcs.endpoint import MoqtRequestError
 from kvcs.hosting import TrackHost
 from kvcs.kv.errors import ManifestError, SignatureError
+from kvcs.kv.payload import HEADER_SIZE
 from kvcs.kvnet.consumer import KvConsumer
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.moqt.errors import RequestErrorCode
-from kvcs.moqt.wire import LocationFilter, Subscribe
+from kvcs.moqt.wire import Fetch, LocationFilter, Subscribe
 from kvcs.testing import LocalNet
 from kvcs.transport import DevCertificate
 
-from .conftest import DESC, LAYERS, PROMPT, SCOPE, cache, same
+from .conftest import BLOCKS, DESC, LAYERS, PROMPT, SCOPE, cache, same
 from .helpers import check_layers, publish_cache, signing_key
 from .recording import Requests, connect, direct_host
 from .test_tampering import TamperingRelay
@@ -75,6 +76,50 @@ async def test_live_consumer_subscribes_as_the_document_says(
     assert sorted(n for n in names if not n.startswith(b"manifest")) == [b"k.raw.s0",
                                                                          b"v.raw.s0"]
     assert c.stats.manifest_versions >= 3  # LAYERS / manifest_every + completion
+    await _close(c)
+
+
+async def test_late_live_consumer_fills_a_window_and_fetches_the_rest(
+        direct: tuple[TrackHost, str, Requests], cert: DevCertificate) -> None:
+    """Wanted layers more than a quarter of ``fetch_window`` holds: the fill reaches that
+    quarter (one layer here) and the layers published before the SUBSCRIBE_OK after it are
+    FETCHed, none past its Largest Object (the subscription brings those): still every
+    object exactly once."""
+    host, url, log = direct
+    pub = KvPublisher(host, SCOPE, DESC, PROMPT)
+    data = cache(61)
+    for i in range(4):
+        await pub.put_layer(i, *data[i])
+    k, v = DESC.raw_bytes()
+    layer = BLOCKS * (2 * HEADER_SIZE + k + v)
+    c = await _consumer(url, cert, fetch_window=4 * layer)
+    found = await c.discover()
+    assert found is not None
+    log.seen.clear()
+    layers = c.prefix_layers(found)
+    first = await anext(layers)
+    assert first.index == 0
+    for i in range(4, LAYERS):
+        await pub.put_layer(i, *data[i])
+    await pub.finish()
+    got = [first, *[x async for x in layers]]
+    check_layers(got, data)
+    data_requests = [(n, m) for n, m in log.seen if not n.startswith(b"manifest")]
+    for name in (b"k.raw.s0", b"v.raw.s0"):
+        subs = [m for n, m in data_requests if n == name and isinstance(m, Subscribe)]
+        assert len(subs) == 1
+        assert subs[0].params.location_filter == LocationFilter.next_object()
+        assert subs[0].params.fill is not None
+        assert subs[0].params.fill.location_filter == LocationFilter.absolute_group_end(0, 0, 0)
+        fetches = [m for n, m in data_requests if n == name and isinstance(m, Fetch)]
+        # layers 1..3, one per FETCH, the last one ending at the Largest Object: layer 3's
+        # End of Group {3, BLOCKS}
+        lfs = [f.params.location_filter for f in fetches]
+        assert lfs == [LocationFilter.absolute_group_end(1, 0, 0),
+                       LocationFilter.absolute_group_end(2, 0, 0),
+                       LocationFilter.absolute_range(3, 0, 0, BLOCKS)]
+    assert c.stats.objects == LAYERS * BLOCKS * 2
+    assert c.stats.duplicates == 0 and c.stats.rejected == 0
     await _close(c)
 
 
