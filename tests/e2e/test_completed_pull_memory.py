@@ -14,12 +14,13 @@ import pytest
 
 from kvcs.kv.payload import HEADER_SIZE
 from kvcs.kvnet import moqt_source
-from kvcs.kvnet.consumer import KvConsumer
+from kvcs.kvnet.consumer import KvConsumer, KvLayer
 from kvcs.kvnet.moqt_source import FETCHES_IN_FLIGHT
 from kvcs.kvnet.publisher import KvPublisher
 from kvcs.testing import LocalNet
 
-from .conftest import SCOPE, descriptor, same
+from .conftest import SCOPE, descriptor
+from .helpers import check_layers
 
 LAYERS = 12
 BLOCK = 16
@@ -53,6 +54,15 @@ def slow_intake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(moqt_source, "sha256_digests", slow)
 
 
+def _check_whole(consumer: KvConsumer, got: list[KvLayer], data: list) -> None:
+    """Every layer in order, every byte verified and in place, each object once."""
+    assert [x.index for x in got] == list(range(LAYERS))
+    check_layers(got, data)
+    st = consumer.stats
+    assert st.objects == LAYERS * BLOCKS * 2 and st.bytes == CACHE
+    assert st.rejected == 0 and st.duplicates == 0
+
+
 async def _pull(net: LocalNet, window: int | None) -> KvConsumer:
     relay = await net.relay()
     pub = KvPublisher(await net.client(relay), SCOPE, DESC, PROMPT)
@@ -65,13 +75,7 @@ async def _pull(net: LocalNet, window: int | None) -> KvConsumer:
     assert found is not None
     assert (await consumer.manifest(found)).segments[0].complete
     got = [layer async for layer in consumer.layers(found)]
-    assert [x.index for x in got] == list(range(LAYERS))
-    for layer in got:  # every byte verified and in place
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
-    st = consumer.stats
-    assert st.objects == LAYERS * BLOCKS * 2 and st.bytes == CACHE  # each object once
-    assert st.rejected == 0 and st.duplicates == 0
+    _check_whole(consumer, got, data)
     return consumer
 
 
@@ -121,20 +125,14 @@ async def _join_live(net: LocalNet, window: int | None) -> KvConsumer:
     found = await consumer.discover()
     assert found is not None
     assert not (await consumer.manifest(found)).segments[0].complete
-    got = []
+    got: list[KvLayer] = []
     async for layer in consumer.layers(found):
         got.append(layer)
         if layer.index == 0:
             for i in range(LIVE_PUBLISHED, LAYERS):
                 await pub.put_layer(i, *data[i])
             await pub.finish()
-    assert [x.index for x in got] == list(range(LAYERS))
-    for layer in got:
-        k, v = data[layer.index]
-        assert same(layer.k, k) and same(layer.v, v)
-    st = consumer.stats
-    assert st.objects == LAYERS * BLOCKS * 2 and st.bytes == CACHE  # each object once
-    assert st.rejected == 0 and st.duplicates == 0
+    _check_whole(consumer, got, data)
     return consumer
 
 
