@@ -513,11 +513,7 @@ class SegmentRun:
                      first: int, last: int, rf: tuple[RangeFilter, ...],
                      flush: bool = True, end: Location | None = None) -> None:
         """FETCH layers ``first..last`` of a track (none of its objects after ``end``) and
-        give every object to the assembler. A FETCH_OK whose End Location falls short of
-        the last object asked for (a relay still filling its copy, e.g. after its upstream
-        or the publisher reconnected, answers up to its Largest Object) marks the run
-        :attr:`interrupted`: the retrieval asks again after a backoff, within its
-        no-progress budget, instead of taking the rest as missing."""
+        give every object to the assembler."""
         if end is not None and end.group == last:
             lf = LocationFilter.absolute_range(first, 0, last - first, end.object)
         else:
@@ -525,18 +521,6 @@ class SegmentRun:
         res = await ep.fetch(pub.fields, name.encode(), range_filters=rf, location_filter=lf)
         props = res.ok.track_properties if res.ok is not None else ()
         await self._take_all(res, kind, props, pub, flush)
-        ok = res.ok
-        if ok is None or ok.end_of_track:
-            return
-        last_block = rf[0].ranges[-1][1] if rf else None
-        wanted = Location(last, self.n - 1 if last_block is None else last_block)
-        if end is not None:
-            wanted = min(wanted, end)
-        if ok.end_location < wanted:
-            log.info("FETCH of %s layers %d..%d ended at %s, short of %s: the source does "
-                     "not hold the rest yet; asking again", name, first, last,
-                     tuple(ok.end_location), tuple(wanted))
-            self.interrupted = True
 
     async def _take_all(self, stream: Subscription | FetchResult, kind: Component,
                         track_properties: Properties, pub: Publication | None = None,

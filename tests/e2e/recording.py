@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvcs.endpoint import Endpoint
 from kvcs.hosting import TrackHost
 from kvcs.moqt import events as ev
-from kvcs.moqt.wire import Fetch, LocationFilter, Subscribe
+from kvcs.moqt.wire import Fetch, Subscribe
 from kvcs.transport import DevCertificate, QuicSettings
 
 SETTINGS = QuicSettings.loopback()
@@ -27,9 +27,6 @@ class Requests:
     """Track name -> the REQUEST_ERROR code its SUBSCRIBE and FETCH get."""
     refuse_once: dict[bytes, list[int]] = field(default_factory=dict)
     """Track name -> the codes its next requests get, one each (then ``refuse``)."""
-    short_fetches: dict[bytes, list[int]] = field(default_factory=dict)
-    """Track name -> for its next FETCHes, one each, the last group served (as a relay
-    still filling its copy answers: up to its Largest Object)."""
 
     def names(self, kind: type = object) -> list[bytes]:
         """Names of the requested tracks (of one request type), in order."""
@@ -52,13 +49,6 @@ class Recorder(Endpoint):
                 self.session.request_error(e.request_id, code, "refused")
                 self.flush()
                 return
-            short = self.log.short_fetches.get(name)
-            lf = m.params.location_filter
-            if isinstance(m, Fetch) and short and lf is not None:
-                lf = LocationFilter.absolute_group_end(
-                    lf.start_group, lf.start_object, short.pop(0) - lf.start_group)
-                e = replace(e, message=replace(m, params=replace(m.params,
-                                                                 location_filter=lf)))
         super().handle_request(e)
 
 

@@ -165,38 +165,6 @@ async def test_a_transient_refusal_is_asked_again(
     await _close(c)
 
 
-async def test_a_fetch_short_of_a_completed_segment_is_asked_again(
-        direct: tuple[TrackHost, str, Requests], cert: DevCertificate) -> None:
-    """A source still filling its copy (a relay whose upstream or publisher has just
-    reconnected) answers a FETCH up to its Largest Object: the consumer asks for the rest
-    again after a backoff instead of taking it as missing. Twice here: recovery's one
-    pass would not have been enough (make faults' 5% loss scenario failed so, about one
-    run in twenty)."""
-    host, url, log = direct
-    pub = KvPublisher(host, SCOPE, DESC, PROMPT)
-    data = cache(62)
-    for i, (k, v) in enumerate(data):
-        await pub.put_layer(i, k, v)
-    await pub.finish()
-    for name in (b"k.raw.s0", b"v.raw.s0"):
-        log.short_fetches[name] = [1, 3]  # the first FETCH ends at layer 1, the next at 3
-    c = await _consumer(url, cert)
-    found = await c.discover()
-    assert found is not None
-    got = [x async for x in c.layers(found)]
-    assert [x.index for x in got] == list(range(LAYERS))
-    check_layers(got, data)
-    for name in (b"k.raw.s0", b"v.raw.s0"):
-        fetches = [m for n, m in log.seen if n == name and isinstance(m, Fetch)]
-        assert [f.params.location_filter for f in fetches] == [
-            LocationFilter.absolute_group_end(0, 0, LAYERS - 1),
-            LocationFilter.absolute_group_end(2, 0, LAYERS - 3),
-            LocationFilter.absolute_group_end(4, 0, LAYERS - 5)]
-    assert c.stats.resumes == 2 and c.stats.retries == 0  # no recovery pass
-    assert c.stats.objects == LAYERS * BLOCKS * 2 and c.stats.duplicates == 0
-    await _close(c)
-
-
 async def test_an_empty_signed_track_is_waited_for_not_downgraded(
         direct: tuple[TrackHost, str, Requests], cert: DevCertificate) -> None:
     """manifest.cose exists but has no version (yet): the consumer waits for it within the
