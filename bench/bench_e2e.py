@@ -205,9 +205,8 @@ class _CachePublisher:
         assert self.pub is not None
         go, cpu = time.perf_counter(), time.process_time()
         spans = []
-        for i, (k, v) in enumerate(self.layers):
-            if i < self.spec.joined_after:
-                continue
+        first = self.spec.joined_after  # those before are put already (prepare)
+        for i, (k, v) in enumerate(self.layers[first:], start=first):
             start = time.perf_counter()
             await self.pub.put_layer(i, k, v)
             spans.append((start, time.perf_counter()))
